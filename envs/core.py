@@ -1,0 +1,236 @@
+"""`ToolEnv`: a gymnasium environment whose actions are tool calls and whose observations are text.
+
+Subclass it, mark methods with `@tool`, and implement `load_task(task)` to build the episode's
+state from a `Task`. A tool marked `@tool(final=True)` ends the episode; `grade()` gives the reward
+(by default: the submitted answer against the task's hidden answer).
+
+`step` never raises on bad model output: a malformed call, an unknown tool, bad arguments or a
+tool that fails becomes an observation saying what went wrong, counted in `info["errors"]`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, ClassVar, Iterable
+
+import gymnasium as gym
+
+from toolgym.envs.parsing import ERROR_CLASSES, CallError, coerce_action
+from toolgym.envs.spaces import TextSpace
+from toolgym.envs.tools import ToolArgumentError, ToolError, ToolSpec, collect_tools
+from toolgym.tasks import Task, TaskSuite, ToolCall, answers_match
+
+
+class ToolEnv(gym.Env[str, Any]):
+    """Base class of every toolgym environment (see the module docstring)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"]}
+    #: Default turn limit; one turn = one `step`.
+    max_turns: int = 16
+    #: Name of the registered suite this environment draws tasks from by default.
+    default_suite: ClassVar[str | None] = None
+    #: Cap on one observation's length (longer tool output is cut, with a note).
+    max_observation_chars: ClassVar[int] = 8000
+
+    _tools: ClassVar[dict[str, ToolSpec]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._tools = collect_tools(cls)  # fails here, at class definition, if a tool is malformed
+
+    def __init__(
+        self,
+        tasks: TaskSuite | Iterable[Task] | None = None,
+        suite: str | None = None,
+        split: str = "train",
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if tasks is None:
+            name = suite or self.default_suite
+            if name is None:
+                raise ValueError(f"{type(self).__name__} needs `tasks=` or `suite=`: it has no default suite")
+            from toolgym.tasks import builtin_suite
+
+            tasks = builtin_suite(name).split(split)
+        self.tasks: list[Task] = list(tasks)
+        if not self.tasks:
+            raise ValueError(f"{type(self).__name__}: no tasks (suite {suite or self.default_suite!r}, split {split!r})")
+        if max_turns is not None:
+            self.max_turns = max_turns
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode {render_mode!r} is not one of {self.metadata['render_modes']}")
+        self.render_mode = render_mode
+        self.observation_space = TextSpace()
+        self.action_space = TextSpace()
+        self.task: Task | None = None
+        self.turn = 0
+        self.done = False
+        self.submitted: str | None = None
+        self.error_counts: Counter[str] = Counter()
+        self.tool_call_count = 0
+        self.transcript: list[tuple[str, str]] = []
+
+    # ---- to implement in subclasses ------------------------------------------------------------
+
+    def load_task(self, task: Task) -> None:
+        """Build the episode's state from `task` (called by `reset`). Default: nothing to build."""
+
+    def grade(self) -> float:
+        """Reward at the end of the episode. Default: the submitted answer vs the hidden answer."""
+        assert self.task is not None
+        hidden = self.task.hidden
+        if hidden.kind != "answer" or hidden.answer is None:
+            return 0.0
+        return float(answers_match(self.submitted, hidden.answer, hidden.match, hidden.tolerance))
+
+    def state_hash(self) -> str:
+        """A content hash of the episode's mutable state (sandboxed envs hash their workspace).
+
+        The default hashes the JSON of every public attribute that is not a tool spec or a task
+        list; override when the state lives elsewhere.
+        """
+        import hashlib
+
+        skip = {"tasks", "task", "observation_space", "action_space", "transcript", "np_random",
+                "render_mode", "spec"}
+        state = {k: v for k, v in sorted(vars(self).items()) if not k.startswith("_") and k not in skip}
+        blob = json.dumps(state, sort_keys=True, default=repr)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def episode_info(self) -> dict[str, Any]:
+        """Extra `info` keys added at every step (subclasses add e.g. side effects)."""
+        return {}
+
+    # ---- tools -----------------------------------------------------------------------------------
+
+    @property
+    def tools(self) -> dict[str, ToolSpec]:
+        """This environment's tools by name."""
+        return self._tools
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI/Hermes function schemas of every tool (what a chat template's `tools=` takes)."""
+        return [spec.schema for spec in self._tools.values()]
+
+    def call_tool(self, call: ToolCall) -> tuple[str, CallError | None]:
+        """Validate and run one call; returns (observation text, error or None). Never raises."""
+        spec = self._tools.get(call.name)
+        if spec is None:
+            known = ", ".join(self._tools)
+            return "", CallError("unknown_tool", f"unknown tool `{call.name}`; available tools: {known}", call)
+        try:
+            args = spec.validate(call.arguments)
+        except ToolArgumentError as err:
+            return "", CallError("invalid_arguments", str(err), call)
+        try:
+            result = getattr(self, spec.method)(**args)
+        except ToolError as err:
+            return "", CallError("tool_error", f"`{call.name}` failed: {err}", call)
+        except Exception as err:  # a bug in the tool must not kill the episode
+            return "", CallError("tool_error", f"`{call.name}` raised {type(err).__name__}: {err}", call)
+        if spec.final:
+            self.done = True
+        return ("" if result is None else str(result)), None
+
+    # ---- gymnasium API ---------------------------------------------------------------------------
+
+    def initial_observation(self) -> str:
+        """Instruction followed by the tool list and how to call a tool."""
+        assert self.task is not None
+        lines = [self.task.instruction, "", "Tools (call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>):"]
+        for spec in self._tools.values():
+            lines.append(f"- {spec.signature()}: {spec.description}")
+        return "\n".join(lines)
+
+    def _pick_task(self, options: dict[str, Any] | None) -> Task:
+        choice = (options or {}).get("task")
+        if choice is None:
+            return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        if isinstance(choice, Task):
+            return choice
+        if isinstance(choice, int):
+            return self.tasks[choice % len(self.tasks)]
+        for task in self.tasks:
+            if task.id == choice:
+                return task
+        raise ValueError(f"options['task'] = {choice!r}: no such task id in this environment's tasks")
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode on `options["task"]` (a Task, id or index) or a task drawn with `seed`."""
+        super().reset(seed=seed)
+        self.task = self._pick_task(options)
+        self.turn = 0
+        self.done = False
+        self.submitted = None
+        self.error_counts = Counter()
+        self.tool_call_count = 0
+        self.load_task(self.task)
+        obs = self.initial_observation()
+        self.transcript = [("observation", obs)]
+        info = {"task_id": self.task.id, "instruction": self.task.instruction, "tools": self.tool_schemas(),
+                "family": self.task.family, "difficulty": self.task.difficulty, **self.episode_info()}
+        return obs, info
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Run the tool calls in `action` (raw text or parsed calls); see the module docstring."""
+        if self.task is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        if self.done:
+            raise gym.error.ResetNeeded("the episode has ended; call reset()")
+        self.turn += 1
+        self.transcript.append(("action", action if isinstance(action, str) else json.dumps(action, default=str)))
+        parsed = coerce_action(action)
+        results: list[dict[str, Any]] = []
+        errors: list[CallError] = list(parsed.errors)
+        if not parsed.calls and not parsed.errors:
+            errors.append(CallError("no_tool_call", "no tool call found; call a tool as <tool_call>{\"name\": "
+                                    "..., \"arguments\": {...}}</tool_call>"))
+        for call in parsed.calls:
+            if self.done:  # calls after a final tool in the same turn are ignored, and said so
+                results.append({"name": call.name, "content": "ignored: the episode already ended", "error": True})
+                continue
+            self.tool_call_count += 1
+            text, err = self.call_tool(call)
+            if err is not None:
+                errors.append(err)
+                results.append({"name": call.name, "content": f"Error: {err.message}", "error": True})
+            else:
+                results.append({"name": call.name, "content": self._cap(text), "error": False})
+        for err in errors:
+            self.error_counts[err.kind] += 1
+        for err in parsed.errors + [e for e in errors if e.kind == "no_tool_call"]:
+            results.append({"name": None, "content": f"Error: {err.message}", "error": True})
+        obs = "\n".join(r["content"] for r in results)
+        terminated = self.done
+        truncated = not terminated and self.turn >= self.max_turns
+        reward = self.grade() if terminated else 0.0
+        self.transcript.append(("observation", obs))
+        info = {
+            "turn": self.turn,
+            "task_id": self.task.id,
+            "tool_results": results,
+            "turn_errors": [{"kind": e.kind, "message": e.message} for e in errors],
+            "errors": {k: self.error_counts.get(k, 0) for k in ERROR_CLASSES},
+            "tool_calls": self.tool_call_count,
+            **self.episode_info(),
+        }
+        if terminated or truncated:
+            self.done = True
+            info["submitted"] = self.submitted
+        if self.render_mode == "human":
+            print(self.render())
+        return obs, reward, terminated, truncated, info
+
+    def _cap(self, text: str) -> str:
+        limit = self.max_observation_chars
+        if len(text) <= limit:
+            return text
+        return text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
+
+    def render(self) -> str | None:
+        """The transcript so far as text (`ansi`/`human` modes)."""
+        if self.render_mode is None:
+            return None
+        return "\n\n".join(f"[{kind}]\n{text}" for kind, text in self.transcript)

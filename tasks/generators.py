@@ -1,0 +1,77 @@
+"""Registry of procedural task generators: `(seed, index, split) -> Task`, deterministic.
+
+A registered suite names its generator, its split sizes and seeds; `builtin_suite(name)` builds
+the train and held-out splits. Generation uses only `numpy.random.default_rng((seed, index))`, so
+the same arguments give the same task in any process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Protocol
+
+from toolgym.tasks.suite import HELDOUT, TRAIN, TaskSuite
+from toolgym.tasks.task import Task
+
+
+class Generator(Protocol):
+    """A deterministic task generator."""
+
+    def __call__(self, seed: int, index: int, split: str = TRAIN) -> Task: ...
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """How to build a built-in suite from its generator."""
+
+    name: str
+    generator: Generator
+    train_size: int
+    heldout_size: int
+    version: str = "1"
+    train_seed: int = 0
+    heldout_seed: int = 1_000_003
+    description: str = ""
+
+
+_SUITES: dict[str, SuiteSpec] = {}
+
+
+def register_suite(spec: SuiteSpec) -> SuiteSpec:
+    """Register a generated suite under `spec.name` (re-registering the same name replaces it)."""
+    _SUITES[spec.name] = spec
+    builtin_suite.cache_clear()
+    return spec
+
+
+def suite_specs() -> dict[str, SuiteSpec]:
+    """All registered suite specs by name."""
+    return dict(_SUITES)
+
+
+def generate(name: str, split: str, start: int, count: int) -> list[Task]:
+    """`count` tasks of suite `name`'s `split`, from generator index `start`."""
+    spec = _get(name)
+    seed = spec.train_seed if split == TRAIN else spec.heldout_seed
+    return [spec.generator(seed, i, split) for i in range(start, start + count)]
+
+
+def _get(name: str) -> SuiteSpec:
+    if name not in _SUITES:
+        known = ", ".join(sorted(_SUITES)) or "(none)"
+        raise KeyError(f"unknown suite {name!r}; registered suites: {known}")
+    return _SUITES[name]
+
+
+@lru_cache(maxsize=16)
+def builtin_suite(name: str, train_size: int | None = None, heldout_size: int | None = None) -> TaskSuite:
+    """Build a registered suite: train then held-out tasks (cached per process)."""
+    spec = _get(name)
+    n_train = spec.train_size if train_size is None else train_size
+    n_held = spec.heldout_size if heldout_size is None else heldout_size
+    tasks = generate(name, TRAIN, 0, n_train) + generate(name, HELDOUT, 0, n_held)
+    return TaskSuite(name, tasks, spec.version)
+
+
+GeneratorFn = Callable[[int, int, str], Task]

@@ -1,0 +1,104 @@
+"""The `Task` model: one problem an agent is asked to solve, with everything needed to grade it.
+
+A task is frozen and content-addressed: its `id` is a hash of the fields that define the problem
+(instruction, environment, workspace, hidden verifier spec, family, difficulty), so two suites that
+contain the same problem under different names or splits are caught by comparing ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: The fields that define a problem; `split`, `oracle` and `metadata` are about the problem, not of it.
+CONTENT_FIELDS = ("env_id", "instruction", "workspace", "hidden", "family", "difficulty")
+
+
+class ToolCall(BaseModel):
+    """One call of a tool by name with JSON arguments (the Hermes/Qwen `<tool_call>` payload)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+    def to_text(self) -> str:
+        """Render as the model would write it: `<tool_call>{...}</tool_call>`."""
+        payload = json.dumps({"name": self.name, "arguments": self.arguments}, ensure_ascii=False)
+        return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+class HiddenSpec(BaseModel):
+    """What the verifier uses and the agent never sees.
+
+    kind:
+      - ``answer``: the submitted answer is compared with `answer` under `match`.
+      - ``tests``: `files` are hidden pytest files copied in after the episode; `command` runs them.
+      - ``state``: `files` hold a checker script run against the final workspace.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["answer", "tests", "state"] = "answer"
+    answer: str | None = None
+    match: Literal["exact", "normalized", "numeric"] = "normalized"
+    tolerance: float = 1e-6
+    files: dict[str, str] = Field(default_factory=dict)
+    command: str | None = None
+    all_or_nothing: bool = True
+    #: Workspace paths the agent must not change (visible tests, test config); edits are dropped
+    #: before grading and recorded as tampering.
+    protected: tuple[str, ...] = ()
+    timeout_s: float = 60.0
+
+
+class Task(BaseModel):
+    """A frozen, content-hashed task. Build with keyword arguments; `id` is computed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = ""
+    env_id: str
+    instruction: str
+    family: str
+    difficulty: int = Field(default=1, ge=1, le=10)
+    split: str = "train"
+    #: Initial workspace: relative path -> file text. Empty for tasks that need no files.
+    workspace: dict[str, str] = Field(default_factory=dict)
+    hidden: HiddenSpec = Field(default_factory=HiddenSpec)
+    #: A sequence of tool calls that solves the task (used by `toolgym check` and the oracle policy).
+    oracle: tuple[ToolCall, ...] = ()
+    #: Free-form data the environment needs to build its state (e.g. a generated record store).
+    data: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_id(self) -> "Task":
+        expected = self.content_hash()
+        if self.id == "":
+            object.__setattr__(self, "id", expected)
+        elif self.id != expected:
+            raise ValueError(
+                f"id {self.id!r} does not match the content hash {expected!r}: the task's content "
+                "was edited after its id was computed. Delete the `id` field to recompute it."
+            )
+        return self
+
+    def content_hash(self) -> str:
+        """Hash of the defining fields (not split, oracle or metadata); 16 hex characters."""
+        payload = {name: getattr(self, name) for name in CONTENT_FIELDS}
+        payload["hidden"] = self.hidden.model_dump(mode="json")
+        payload["data"] = self.data
+        blob = json.dumps(payload, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def with_split(self, split: str) -> "Task":
+        """The same task (same id) placed in another split."""
+        return self.model_copy(update={"split": split})
+
+    def public_view(self) -> dict[str, Any]:
+        """What an agent may see: everything but the hidden spec and the oracle."""
+        return self.model_dump(mode="json", exclude={"hidden", "oracle"})

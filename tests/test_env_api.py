@@ -1,0 +1,88 @@
+"""ToolEnv contract: gymnasium registry, determinism (also across processes), check_env, the records family."""
+
+import subprocess
+import sys
+
+import gymnasium
+import pytest
+
+import toolgym
+from toolgym.envs.checker import episode_trace_hash, run_episode
+
+
+def test_registered_under_toolgym_namespace():
+    ids = {e.id: e.suite for e in toolgym.registered()}
+    assert ids["toolgym/records-v0"] == "records"
+    assert "toolgym/records-v0" in gymnasium.registry
+    env = gymnasium.make("toolgym/records-v0")
+    assert isinstance(env.unwrapped, toolgym.ToolEnv)
+
+
+def test_make_unknown_id_lists_known_ones():
+    with pytest.raises(gymnasium.error.UnregisteredEnv, match="registered: .*toolgym/records-v0"):
+        toolgym.make("nope-v0")
+
+
+def test_make_passes_kwargs():
+    env = toolgym.make("records-v0", split="held-out", max_turns=5).unwrapped
+    assert env.max_turns == 5 and all(t.split == "held-out" for t in env.tasks) and len(env.tasks) == 200
+
+
+def test_reset_observation_has_instruction_and_tools(records_env):
+    obs, info = records_env.reset(seed=5)
+    assert obs.startswith(records_env.task.instruction)
+    assert "search(field: string, value: string)" in obs and "<tool_call>" in obs
+    assert [t["function"]["name"] for t in info["tools"]] == ["search", "get", "answer"]
+    assert info["task_id"] == records_env.task.id
+
+
+def test_same_seed_same_episode_in_process(records_env):
+    a = episode_trace_hash("records-v0", 11)
+    b = episode_trace_hash("records-v0", 11)
+    c = episode_trace_hash("records-v0", 12)
+    assert a == b and a != c
+
+
+def test_same_seed_same_episode_across_processes():
+    code = "from toolgym.envs.checker import episode_trace_hash as h; print(h('records-v0', 3))"
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": str(s), "PATH": "/usr/bin:/bin"}).stdout.strip()
+            for s in (1, 2)}
+    assert outs == {episode_trace_hash("records-v0", 3)}
+
+
+def test_seeded_reset_draws_tasks_deterministically(records_env):
+    picks = [records_env.reset(seed=s)[1]["task_id"] for s in range(20)]
+    again = [records_env.reset(seed=s)[1]["task_id"] for s in range(20)]
+    assert picks == again and len(set(picks)) > 10
+
+
+def test_gymnasium_check_env_passes(records_env):
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(records_env, skip_render_check=True)
+
+
+def test_oracle_solves_and_other_answers_fail(records_env):
+    for task in records_env.tasks[:60]:
+        reward, terminated, _ = run_episode(records_env, task, [c.to_text() for c in task.oracle])
+        assert terminated and reward == 1.0, task.id
+    task = records_env.tasks[0]
+    reward, _, _ = run_episode(records_env, task, [c.to_text() for c in task.oracle[:-1]] + [
+        toolgym.ToolCall(name="answer", arguments={"text": "nobody"}).to_text()])
+    assert reward == 0.0
+
+
+def test_records_tasks_need_several_tool_calls():
+    suite = toolgym.tasks.builtin_suite("records")
+    lengths = {d: min(len(t.oracle) for t in suite if t.difficulty == d) for d in (1, 2, 3)}
+    assert lengths[1] >= 3 and lengths[2] >= 4 and lengths[3] >= 2
+    assert max(len(t.oracle) for t in suite if t.difficulty == 3) >= 5
+
+
+def test_render_ansi():
+    env = toolgym.make("records-v0", render_mode="ansi").unwrapped
+    env.reset(seed=0)
+    env.step("hello")
+    text = env.render()
+    assert "[action]\nhello" in text and "no tool call found" in text
