@@ -154,18 +154,144 @@ def check(env: str = typer.Argument(..., help="environment id"),
     console.print(f"all {len(results)} checks passed for {full_id(env)}")
 
 
+def _print_report(report) -> None:
+    o = report.overall
+    ks = ", ".join(f"pass@{k} = {o.pass_at[str(k)].value:.3f} [{o.pass_at[str(k)].low:.3f}, "
+                   f"{o.pass_at[str(k)].high:.3f}]" for k in report.ks)
+    console.print(f"[bold]{escape(report.policy)}[/] on {report.suite}/{report.split}: {ks}")
+    r = o.outcome_rates
+    console.print(f"  episodes {o.episodes}; format-error rate {r['format_error']:.2f}, timeout {r['timeout']:.2f}, "
+                  f"infra-error {r['infra_error']:.2f}; safety events/episode {o.safety_event_rate:.2f}; "
+                  f"tool calls/episode {o.mean_tool_calls:.1f}")
+
+
+@app.command("eval")
+def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:PATH | sglang:URL[,URL] | openai:URL[#MODEL]"),
+          suite: str = typer.Option("records", help="registered suite name, or a suite directory/JSONL"),
+          split: str = typer.Option("held-out", help="which split to evaluate on"),
+          samples: int = typer.Option(1, "-n", "--samples", help="samples per task"),
+          k: str = typer.Option("1", "-k", help="comma-separated k values for pass@k"),
+          max_tasks: int = typer.Option(0, "--tasks", help="evaluate the first N tasks only (0 = all)"),
+          concurrency: int = typer.Option(16, help="episodes in flight"),
+          seed: int = typer.Option(0, help="seed for environments, sampling and bootstrap"),
+          out: Path = typer.Option(Path("runs/eval"), help="output directory"),
+          max_turns: Optional[int] = typer.Option(None, help="turn limit (default: the env's)"),
+          max_new_tokens: int = typer.Option(96, help="tokens per turn"),
+          temperature: float = typer.Option(1.0, help="sampling temperature (0 = greedy)"),
+          tokenizer: Optional[str] = typer.Option(None, help="tokenizer for sglang: policies")) -> None:
+    """Evaluate a policy on a suite split: pass@k with CIs, outcome and safety rates, a report."""
+    from toolgym.harness.eval_run import run_eval
+    from toolgym.harness.policy import SamplingParams
+    from toolgym.harness.rollout import RolloutLimits
+
+    try:
+        ks = sorted({int(x) for x in k.split(",") if x.strip()})
+    except ValueError:
+        raise CLIError(f"-k {k!r}: expected comma-separated integers such as 1,8") from None
+    if not ks or min(ks) < 1:
+        raise CLIError("-k values must be >= 1")
+    limits = RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new_tokens)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    report, paths = run_eval(policy, load_suite(suite), split, samples, ks, max_tasks, concurrency, seed, out,
+                             limits, sampling, tokenizer)
+    _print_report(report)
+    console.print(f"report: {paths['markdown']}  numbers: {paths['json']}  trajectories: {paths['trajectories']}")
+
+
+@app.command()
+def show(path: Path = typer.Argument(..., help="trajectories JSONL"),
+         index: int = typer.Option(0, help="which trajectory (line)"),
+         tokens: bool = typer.Option(True, help="show token segments with their loss mask")) -> None:
+    """Print a readable transcript of one trajectory, masked spans marked."""
+    from toolgym.harness.trajectory import read_jsonl
+
+    if not path.exists():
+        raise CLIError(f"{path}: no such file")
+    trajs = read_jsonl(path)
+    if not 0 <= index < len(trajs):
+        raise CLIError(f"{path} has {len(trajs)} trajectories; --index must be in 0..{len(trajs) - 1}")
+    t = trajs[index]
+    console.print(f"[bold]task {t.task_id}[/] ({t.family}, difficulty {t.difficulty}, {t.split}) policy {escape(t.policy)}")
+    console.print(f"outcome [bold]{t.outcome.value}[/], reward {t.reward}, {len(t.turns)} turns, {t.tool_calls} tool calls"
+                  + (f", error: {escape(t.error)}" if t.error else ""))
+    if tokens and t.has_tokens:
+        console.print(f"{len(t.token_ids)} tokens, {sum(t.loss_mask)} trained (mask 1)\n")
+        for seg in t.segments:
+            trained = seg.kind == "policy"
+            label = f"[{'green' if trained else 'dim'}]── {seg.kind} · {len(seg.token_ids)} tokens · mask {int(trained)} ──[/]"
+            console.print(label)
+            console.print(escape(seg.text), style=None if trained else "dim")
+    else:
+        for m in t.messages:
+            console.print(f"[bold]{m['role']}[/]: {escape(str(m['content']))}")
+    if t.verdict:
+        console.print(f"verdict: {escape(t.verdict.reason)}")
+
+
+@app.command("check-template")
+def check_template_cmd(model: str = typer.Argument(..., help="tiny | qwen2.5 | qwen3 | llama3 | model dir | hub id")) -> None:
+    """Prove a chat template is prefix-stable for multi-turn tool use, or say where it is not."""
+    from toolgym.harness.template_check import check_model_or_format
+
+    report = check_model_or_format(model)
+    if report.ok:
+        console.print(f"[green]PASS[/] {escape(report.template)}: {report.explanation} "
+                      f"({report.incremental_tokens} tokens)")
+        return
+    console.print(f"[red]FAIL[/] {escape(report.template)}: {escape(report.explanation)}")
+    if report.mismatch_at is not None:
+        console.print(f"  first differing token: {report.mismatch_at}")
+        console.print(f"  incremental: {escape(repr(report.incremental_text))}")
+        console.print(f"  full render: {escape(repr(report.full_text))}")
+    raise typer.Exit(1)
+
+
+@app.command("build-tiny")
+def build_tiny(out: Optional[Path] = typer.Option(None, help="directory (default: ~/.cache/toolgym/tiny-policy-v1)"),
+               overwrite: bool = typer.Option(False, help="rebuild even if it exists")) -> None:
+    """Build the tiny CPU policy (tokenizer trained here + a small Qwen2 model)."""
+    from toolgym.harness.tiny import DEFAULT_DIR, build_tiny_policy
+
+    path = build_tiny_policy(out or DEFAULT_DIR, overwrite=overwrite)
+    console.print(f"tiny policy at {path}")
+
+
+@app.command()
+def demo(out: Path = typer.Option(Path("runs/demo"), help="output directory"),
+         tasks_: int = typer.Option(40, "--tasks", help="held-out tasks per evaluation")) -> None:
+    """The main job on the embedded defaults: evaluate the oracle and the untrained tiny policy on
+    the records held-out split; reports in OUT/oracle and OUT/tiny."""
+    from toolgym.harness.eval_run import run_eval
+    from toolgym.harness.policy import SamplingParams
+    from toolgym.harness.rollout import RolloutLimits
+
+    suite = load_suite("records")
+    console.print("[bold]1/2[/] oracle policy (an upper bound: every task must pass)")
+    report, paths = run_eval("oracle", suite, "held-out", 1, [1], tasks_, 16, 0, out / "oracle")
+    _print_report(report)
+    console.print("[bold]2/2[/] untrained tiny policy (a lower bound: near 0, mostly format errors)")
+    report, paths = run_eval("tiny", suite, "held-out", 4, [1, 4], tasks_, 32, 0, out / "tiny",
+                             RolloutLimits(max_turns=4, max_new_tokens_per_turn=48),
+                             SamplingParams(max_new_tokens=48, temperature=1.0))
+    _print_report(report)
+    console.print(f"reports: {out / 'oracle' / 'report.md'}, {paths['markdown']}")
+
+
 def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     import gymnasium
 
+    from toolgym.harness.policy import PolicyError
     from toolgym.tasks import SplitLeakError, TaskLoadError
 
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns a raised Exit's code in this mode
+        if isinstance(rc, int) and rc != 0:
+            sys.exit(rc)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except (CLIError, TaskLoadError, SplitLeakError, KeyError, ValueError, FileNotFoundError,
-            gymnasium.error.Error) as err:
+    except (CLIError, TaskLoadError, SplitLeakError, KeyError, ValueError, FileNotFoundError, OSError,
+            gymnasium.error.Error, PolicyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         err_console.print(f"error: {msg}")
         sys.exit(2)

@@ -99,6 +99,10 @@ class ToolEnv(gym.Env[str, Any]):
         blob = json.dumps(state, sort_keys=True, default=repr)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    def final_state(self) -> dict[str, Any]:
+        """What a verifier may grade after the episode (here: the submitted answer)."""
+        return {"answer": self.submitted}
+
     def episode_info(self) -> dict[str, Any]:
         """Extra `info` keys added at every step (subclasses add e.g. side effects)."""
         return {}

@@ -27,3 +27,43 @@ def run_cli(*args: str, input: str | None = None, timeout: int = 600) -> subproc
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     return subprocess.run([sys.executable, "-m", "toolgym.cli", *args], capture_output=True, text=True,
                           input=input, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir():
+    """The tiny policy directory (built once per machine, cached in ~/.cache/toolgym)."""
+    from toolgym.harness.tiny import build_tiny_policy
+
+    return str(build_tiny_policy())
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tiny_dir):
+    """The tiny policy loaded through `from_pretrained`, as an HFPolicy."""
+    from toolgym.harness.hf_policy import HFPolicy
+
+    return HFPolicy(tiny_dir, name="tiny")
+
+
+class ScriptedTokenPolicy:
+    """A token-level policy that emits the tokens of the task's oracle calls, one per turn.
+
+    It implements the real `Policy` protocol (token ids in, token ids + logprobs out), so the
+    rollout path exercised is exactly the one a model takes; only the choice of tokens is scripted.
+    """
+
+    name = "scripted"
+
+    def __init__(self, tokenizer, task):
+        self.tokenizer = tokenizer
+        self.turns = [c.to_text() for c in task.oracle]
+        self.calls = []  # (prompt length, returned ids)
+        self.eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    async def generate(self, prompt_ids, sampling):
+        from toolgym.harness.policy import Generation
+
+        text = self.turns[len(self.calls)] if len(self.calls) < len(self.turns) else "done"
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eot]
+        self.calls.append((len(prompt_ids), ids))
+        return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")

@@ -1,0 +1,136 @@
+"""Agents the rollout runner drives.
+
+- `TokenAgent`: a token-in/token-out `Policy` (HF in-process, sglang) plus the tokenizer that
+  renders the chat; the only kind that yields trainable token data.
+- `TextAgent`s answer with text given the chat messages: `OracleAgent` (replays the task's oracle),
+  `FixedAgent` (the same action every turn: a null policy for benchmarks and do-nothing checks),
+  `OpenAIAgent` (any OpenAI-compatible chat endpoint, for evaluation only: no token data).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import httpx
+
+from toolgym.harness.chat import DEFAULT_SYSTEM
+from toolgym.harness.policy import Policy, PolicyError, SamplingParams
+from toolgym.tasks import Task
+
+
+class TokenAgent:
+    """A token-level policy with its tokenizer and sampling settings."""
+
+    def __init__(self, policy: Policy, tokenizer: Any, sampling: SamplingParams | None = None,
+                 system: str | None = DEFAULT_SYSTEM, chat_template: str | None = None) -> None:
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.sampling = sampling or SamplingParams(max_new_tokens=96, temperature=1.0)
+        self.system = system
+        self.chat_template = chat_template
+        self.name = policy.name
+
+
+class TextAgent(Protocol):
+    """An agent that answers chat messages with text (tool calls as `<tool_call>` blocks)."""
+
+    name: str
+
+    async def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], task: Task) -> str:
+        """The assistant's next message."""
+        ...
+
+
+class OracleAgent:
+    """Replays the task's oracle solution, one tool call per turn."""
+
+    name = "oracle"
+
+    async def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], task: Task) -> str:
+        """The next oracle call (or a plain message once the oracle is exhausted)."""
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        if turn < len(task.oracle):
+            return task.oracle[turn].to_text()
+        return "I have nothing more to do."
+
+
+class FixedAgent:
+    """Sends the same text every turn (a null policy)."""
+
+    def __init__(self, text: str, name: str = "fixed") -> None:
+        self.text = text
+        self.name = name
+
+    async def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], task: Task) -> str:
+        """The fixed text."""
+        return self.text
+
+
+class OpenAIAgent:
+    """Any OpenAI-compatible `/v1/chat/completions` endpoint; tool calls in the API's own format.
+
+    The API's `tool_calls` are turned into `<tool_call>` text for the environment, and the chat
+    history is sent back in the API's format (assistant `tool_calls`, `tool` messages with ids).
+    """
+
+    def __init__(self, base_url: str, model: str = "default", api_key: str | None = None,
+                 temperature: float = 0.0, max_tokens: int = 512, timeout_s: float = 120.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.name = f"openai:{self.base_url}#{model}"
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout_s = timeout_s
+
+    def _api_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Our chat (assistant text with `<tool_call>` blocks) -> the API's message format."""
+        from toolgym.envs.parsing import parse_tool_calls
+
+        out: list[dict[str, Any]] = []
+        pending_ids: list[str] = []
+        for m in messages:
+            if m["role"] == "assistant":
+                parsed = parse_tool_calls(m["content"])
+                calls = [{"id": f"call_{len(out)}_{i}", "type": "function",
+                          "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                         for i, c in enumerate(parsed.calls)]
+                pending_ids = [c["id"] for c in calls]
+                msg: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
+                if calls:
+                    msg["tool_calls"] = calls
+                out.append(msg)
+            elif m["role"] == "tool":
+                if pending_ids:
+                    out.append({"role": "tool", "tool_call_id": pending_ids.pop(0), "content": m["content"]})
+                else:  # an error observation with no call to answer: tell the model as the user
+                    out.append({"role": "user", "content": m["content"]})
+            else:
+                out.append({"role": m["role"], "content": m["content"]})
+        return out
+
+    async def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], task: Task) -> str:
+        """One chat completion, rendered back as text with `<tool_call>` blocks."""
+        body = {"model": self.model, "messages": self._api_messages(messages), "tools": tools,
+                "temperature": self.temperature, "max_tokens": self.max_tokens}
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                resp = await client.post(f"{self.base_url}/chat/completions", json=body, headers=self.headers)
+        except httpx.TransportError as err:
+            raise PolicyError(f"{self.base_url}: {type(err).__name__}: {err}") from None
+        if resp.status_code != 200:
+            raise PolicyError(f"{self.base_url}/chat/completions: HTTP {resp.status_code}: {resp.text[:200]}")
+        try:
+            message = resp.json()["choices"][0]["message"]
+        except (KeyError, IndexError, ValueError) as err:
+            raise PolicyError(f"unexpected chat completion response: {err}") from None
+        parts = [message.get("content") or ""]
+        for call in message.get("tool_calls") or []:
+            fn = call.get("function", {})
+            args = fn.get("arguments", "{}")
+            try:
+                args_obj = json.loads(args) if isinstance(args, str) else args
+            except json.JSONDecodeError:
+                args_obj = args  # leave it malformed: the environment reports it as a parse error
+            parts.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args_obj}) + "\n</tool_call>")
+        return "\n".join(p for p in parts if p)

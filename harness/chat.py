@@ -1,0 +1,108 @@
+"""Chat rendering without re-tokenization.
+
+A trajectory is assembled as: prompt tokens, then for each turn the policy's sampled tokens
+exactly as sampled, then the observation rendered as a chat-template *delta* (the text the
+template adds after the assistant's end-of-turn token). Earlier tokens are never re-encoded.
+`toolgym.harness.template_check` proves, per tokenizer, that this equals a full re-render.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+_PLACEHOLDER = "PLACEHOLDER_ASSISTANT_TURN"
+TEMPLATES = {"qwen2.5": "qwen2_5.jinja", "qwen3": "qwen3.jinja", "llama3": "llama3.jinja"}
+DEFAULT_SYSTEM = "You are a helpful assistant that solves tasks by calling tools."
+
+
+def load_template(name: str) -> str:
+    """A chat template shipped with toolgym: `qwen2.5`, `qwen3` or `llama3`."""
+    if name not in TEMPLATES:
+        raise KeyError(f"no built-in template {name!r}; choose from {', '.join(TEMPLATES)}")
+    return resources.files("toolgym.harness").joinpath("templates", TEMPLATES[name]).read_text()
+
+
+def end_of_turn_token(tokenizer: Any) -> str:
+    """The token that ends an assistant turn (`<|im_end|>`, `<|eot_id|>`, or the eos token)."""
+    vocab = tokenizer.get_vocab()
+    for candidate in ("<|im_end|>", "<|eot_id|>"):
+        if candidate in vocab:
+            return candidate
+    if tokenizer.eos_token is None:
+        raise ValueError("tokenizer has no eos token and no known end-of-turn token")
+    return tokenizer.eos_token
+
+
+class TemplateError(ValueError):
+    """The chat template cannot produce an observation delta (it rewrites earlier turns)."""
+
+
+class ChatRenderer:
+    """Renders prompts and observation deltas as token ids for one tokenizer and tool set."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
+                 system: str | None = DEFAULT_SYSTEM, chat_template: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.system = system
+        self.chat_template = chat_template
+        self.eot = self._detect_eot()
+        self.eot_id = tokenizer.convert_tokens_to_ids(self.eot)
+
+    def _detect_eot(self) -> str:
+        """The token the template puts right after an assistant message's content."""
+        text = self.render_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": _PLACEHOLDER}])
+        after = text[text.rfind(_PLACEHOLDER) + len(_PLACEHOLDER):]
+        for candidate in ("<|im_end|>", "<|eot_id|>", self.tokenizer.eos_token or "<|endoftext|>"):
+            if after.startswith(candidate):
+                return candidate
+        return end_of_turn_token(self.tokenizer)
+
+    def render_text(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+        """The template's text for `messages` (with this renderer's tools)."""
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+            chat_template=self.chat_template)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, with no special tokens added around it."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def initial_messages(self, instruction: str) -> list[dict[str, Any]]:
+        """System (if any) and user messages that open an episode."""
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        return msgs + [{"role": "user", "content": instruction}]
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of the opening messages plus the generation prompt."""
+        return self.encode(self.render_text(messages, add_generation_prompt=True))
+
+    def delta_text(self, new_messages: list[dict[str, Any]], opening: list[dict[str, Any]] | None = None) -> str:
+        """Text the template adds after an assistant's end-of-turn token for `new_messages`, up to
+        and including the next generation prompt."""
+        base = (opening or self.initial_messages("PLACEHOLDER_QUERY")) + [
+            {"role": "assistant", "content": _PLACEHOLDER}]
+        before = self.render_text(base)
+        after = self.render_text(base + list(new_messages), add_generation_prompt=True)
+        if not after.startswith(before):
+            at = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+            raise TemplateError(
+                "the chat template changes earlier turns when new messages are appended, so an observation "
+                f"delta cannot be computed: at character {at} the earlier render has {before[at:at + 40]!r} "
+                f"but the longer one has {after[at:at + 40]!r} (run `toolgym check-template`)")
+        cut = before.rfind(self.eot, before.find(_PLACEHOLDER))
+        if cut < 0:
+            raise TemplateError(f"the rendered assistant turn does not end with {self.eot!r}")
+        return after[cut + len(self.eot):]
+
+    def delta_ids(self, new_messages: list[dict[str, Any]], opening: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of `delta_text`: appended after the policy's own end-of-turn token."""
+        return self.encode(self.delta_text(new_messages, opening))
+
+
+def observation_messages(tool_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages for one step's observation: a `tool` message per result (errors included)."""
+    if not tool_results:
+        return [{"role": "user", "content": "(no output)"}]
+    return [{"role": "tool", "name": r.get("name") or "error", "content": r["content"]} for r in tool_results]

@@ -1,0 +1,50 @@
+"""`run_eval`: roll out a policy on a suite split and write trajectories plus the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from toolgym.harness.evaluate import EvalReport, evaluate, write_report
+from toolgym.harness.policy import SamplingParams
+from toolgym.harness.rollout import RolloutLimits, RolloutRunner
+from toolgym.harness.specs import make_agent
+from toolgym.harness.trajectory import write_parquet
+from toolgym.tasks import TaskSuite
+
+
+def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: int = 1, ks: list[int] | None = None,
+             max_tasks: int = 0, concurrency: int = 16, seed: int = 0, out_dir: str | Path = "runs/eval",
+             limits: RolloutLimits | None = None, sampling: SamplingParams | None = None,
+             tokenizer: str | None = None, progress: bool = True, agent: Any = None) -> tuple[EvalReport, dict[str, Path]]:
+    """Evaluate `policy` on `suite`'s `split`; writes trajectories (JSONL, parquet) and the report."""
+    import toolgym
+
+    ks = ks or [1]
+    if max(ks) > samples:
+        raise ValueError(f"pass@{max(ks)} needs at least {max(ks)} samples per task; pass -n {max(ks)} or more")
+    part = suite.split(split)
+    if len(part) == 0:
+        raise ValueError(f"suite {suite.name!r} has no tasks in split {split!r} (splits: {suite.splits})")
+    tasks = part.tasks[:max_tasks] if max_tasks > 0 else part.tasks
+    env_ids = sorted({t.env_id for t in tasks})
+    agent = agent or make_agent(policy, sampling, tokenizer)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def env_factory():
+        # One env id per suite in the built-ins; a mixed suite picks by the task in reset().
+        return toolgym.make(env_ids[0], tasks=tasks).unwrapped
+
+    runner = RolloutRunner(env_factory, agent, group_size=samples, concurrency=concurrency, limits=limits,
+                           out_path=out / "trajectories.jsonl", progress=progress)
+    try:
+        trajs = runner.run(tasks, seed=seed)
+    finally:
+        runner.close()
+    write_parquet(trajs, out / "trajectories.parquet")
+    report = evaluate(trajs, ks, policy=agent.name, suite=suite.name, suite_version=suite.version, split=split,
+                      seed=seed, samples_per_task=samples)
+    paths = write_report(report, out)
+    paths["trajectories"] = out / "trajectories.jsonl"
+    return report, paths

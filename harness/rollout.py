@@ -1,0 +1,222 @@
+"""The rollout runner: many episodes at once (asyncio), G per task sharing a seed (a GRPO group).
+
+Every failure is attributed to an outcome on its own trajectory (policy error -> infra_error,
+verifier crash -> verifier_error, limits -> timeout, no parsable tool call -> format_error); one
+bad episode never crashes the batch. Blocking environment and verifier work runs in threads, off
+the event loop. Trajectories stream to a JSONL file as they finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, Field
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from toolgym.envs import ToolEnv
+from toolgym.harness.agents import TextAgent, TokenAgent
+from toolgym.harness.chat import ChatRenderer, observation_messages
+from toolgym.harness.trajectory import Segment, Trajectory, TurnRecord
+from toolgym.tasks import Task
+from toolgym.verifiers import FinalState, Outcome, Verdict, verifier_for
+
+
+class RolloutLimits(BaseModel):
+    """Per-episode limits."""
+
+    max_turns: int | None = Field(default=None, description="None = the environment's own max_turns")
+    max_new_tokens_per_turn: int = 96
+    max_total_tokens: int = 4096
+    episode_timeout_s: float = 300.0
+
+
+def sampling_seed(seed: int, sample_index: int, turn: int) -> int:
+    """A per-(episode, sample, turn) sampling seed: the G samples of a group differ, reruns agree."""
+    digest = hashlib.sha256(f"{seed}:{sample_index}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+async def run_episode(env: ToolEnv, agent: TokenAgent | TextAgent, task: Task, seed: int, sample_index: int = 0,
+                      limits: RolloutLimits | None = None, verifier: Any = None) -> Trajectory:
+    """Play one episode and grade it; never raises (failures become outcomes)."""
+    limits = limits or RolloutLimits()
+    traj = Trajectory(task_id=task.id, group_id=f"{task.id}:{seed}", sample_index=sample_index, seed=seed,
+                      policy=agent.name, env_id=task.env_id, family=task.family, difficulty=task.difficulty,
+                      split=task.split)
+    start = time.perf_counter()
+    try:
+        terminated, valid_calls = await asyncio.wait_for(
+            _play(env, agent, task, seed, sample_index, limits, traj), limits.episode_timeout_s)
+    except asyncio.TimeoutError:
+        traj.outcome, traj.error = Outcome.TIMEOUT, f"episode exceeded {limits.episode_timeout_s}s"
+        traj.duration_s = time.perf_counter() - start
+        return traj
+    except Exception as err:  # policy/server/env failures: ours, not the agent's
+        traj.outcome, traj.error = Outcome.INFRA_ERROR, f"{type(err).__name__}: {err}"
+        traj.duration_s = time.perf_counter() - start
+        return traj
+    await _grade(env, task, traj, verifier, terminated, valid_calls)
+    traj.duration_s = time.perf_counter() - start
+    return traj
+
+
+async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: int, limits: RolloutLimits,
+                traj: Trajectory) -> tuple[bool, int]:
+    """Run the turns; returns (terminated by the agent, number of well-formed tool calls)."""
+    if limits.max_turns is not None:
+        env.max_turns = limits.max_turns
+    obs, info = await asyncio.to_thread(env.reset, seed=seed, options={"task": task})
+    token_level = isinstance(agent, TokenAgent)
+    tools = info["tools"]
+    renderer = None
+    if token_level:
+        renderer = ChatRenderer(agent.tokenizer, tools, agent.system, agent.chat_template)
+        messages = renderer.initial_messages(info["instruction"])
+        prompt = renderer.prompt_ids(messages)
+        traj.segments.append(Segment(kind="template", token_ids=prompt,
+                                     text=agent.tokenizer.decode(prompt, skip_special_tokens=False)))
+        context = list(prompt)
+    else:
+        messages = [{"role": "user", "content": info["instruction"]}]
+    traj.messages = messages
+    valid_calls, turn, terminated = 0, 0, False
+    while True:
+        record = TurnRecord()
+        t0 = time.perf_counter()
+        if token_level:
+            assert renderer is not None
+            remaining = limits.max_total_tokens - len(context)
+            if remaining <= 0:  # token budget spent: graded like a turn-limit truncation
+                break
+            sampling = agent.sampling.model_copy(update={
+                "max_new_tokens": min(agent.sampling.max_new_tokens, limits.max_new_tokens_per_turn, remaining),
+                "seed": sampling_seed(seed, sample_index, turn)})
+            gen = await agent.policy.generate(context, sampling)
+            ids = list(gen.token_ids)
+            text_ids = ids[:-1] if ids and ids[-1] == renderer.eot_id else ids
+            action = agent.tokenizer.decode(text_ids, skip_special_tokens=False)
+            traj.segments.append(Segment(kind="policy", token_ids=ids, logprobs=list(gen.logprobs),
+                                         text=agent.tokenizer.decode(ids, skip_special_tokens=False)))
+            context += ids
+            if not ids or ids[-1] != renderer.eot_id:  # cut off: close the turn so the chat stays well-formed
+                traj.segments.append(Segment(kind="template", token_ids=[renderer.eot_id], text=renderer.eot))
+                context.append(renderer.eot_id)
+            record.new_tokens = len(ids)
+        else:
+            action = await agent.respond(messages, tools, task)
+        record.generate_s = time.perf_counter() - t0
+        messages.append({"role": "assistant", "content": action})
+        t1 = time.perf_counter()
+        obs, reward, terminated, truncated, info = await asyncio.to_thread(env.step, action)
+        record.env_s = time.perf_counter() - t1
+        record.tool_calls = sum(1 for r in info["tool_results"] if not r["error"])
+        record.errors = [e["kind"] for e in info["turn_errors"]]
+        valid_calls += record.tool_calls + record.errors.count("invalid_arguments") + record.errors.count("tool_error")
+        traj.turns.append(record)
+        traj.tool_calls = info["tool_calls"]
+        traj.tool_errors = {k: v for k, v in info["errors"].items() if v}
+        traj.side_effects = list(info.get("side_effects", []))
+        turn += 1
+        if terminated or truncated:
+            break
+        obs_msgs = observation_messages(info["tool_results"])
+        messages.extend(obs_msgs)
+        if token_level:
+            assert renderer is not None
+            delta = renderer.delta_ids(obs_msgs)
+            traj.segments.append(Segment(kind="observation", token_ids=delta,
+                                         text=agent.tokenizer.decode(delta, skip_special_tokens=False)))
+            context += delta
+    return terminated, valid_calls
+
+
+async def _grade(env: ToolEnv, task: Task, traj: Trajectory, verifier: Any, terminated: bool, valid_calls: int) -> None:
+    try:
+        state = FinalState(**env.final_state()) if hasattr(env, "final_state") else FinalState()
+        grader = verifier or verifier_for(task)
+        verdict: Verdict = await asyncio.to_thread(grader.verify, task, state)
+    except Exception as err:  # the verifier's failure, never the agent's
+        traj.outcome, traj.error = Outcome.VERIFIER_ERROR, f"{type(err).__name__}: {err}"
+        traj.reward = 0.0
+        return
+    traj.verdict = verdict
+    traj.reward = verdict.reward
+    if verdict.outcome in (Outcome.INFRA_ERROR, Outcome.VERIFIER_ERROR):
+        traj.outcome = verdict.outcome
+    elif verdict.passed:
+        traj.outcome = Outcome.PASSED
+    elif terminated:
+        traj.outcome = Outcome.FAILED
+    elif valid_calls == 0:
+        traj.outcome = Outcome.FORMAT_ERROR
+    else:
+        traj.outcome = Outcome.TIMEOUT
+
+
+class RolloutRunner:
+    """Runs G episodes per task concurrently and streams trajectories to `out_path`."""
+
+    def __init__(self, env_factory: Callable[[], ToolEnv], agent: TokenAgent | TextAgent, group_size: int = 1,
+                 concurrency: int = 16, limits: RolloutLimits | None = None, out_path: str | Path | None = None,
+                 progress: bool = True, verifier: Any = None) -> None:
+        self.env_factory = env_factory
+        self.agent = agent
+        self.group_size = group_size
+        self.concurrency = concurrency
+        self.limits = limits or RolloutLimits()
+        self.out_path = Path(out_path) if out_path else None
+        self.progress = progress
+        self.verifier = verifier
+        self._envs: list[ToolEnv] = []
+
+    def _env(self) -> ToolEnv:
+        return self._envs.pop() if self._envs else self.env_factory()
+
+    async def arun(self, tasks: list[Task], seed: int = 0) -> list[Trajectory]:
+        """All episodes of `tasks` (task i uses env seed `seed + i`), ordered by task then sample."""
+        sem = asyncio.Semaphore(self.concurrency)
+        jobs = [(i, task, g) for i, task in enumerate(tasks) for g in range(self.group_size)]
+        results: dict[tuple[int, int], Trajectory] = {}
+        sink = None
+        if self.out_path:
+            self.out_path.parent.mkdir(parents=True, exist_ok=True)
+            sink = self.out_path.open("w")
+        columns = [TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[passed]} passed")]
+        with Progress(*columns, disable=not self.progress, transient=False) as bar:
+            bar_id = bar.add_task("rollouts", total=len(jobs), passed=0)
+
+            async def one(i: int, task: Task, g: int) -> None:
+                async with sem:
+                    env = self._env()
+                    try:
+                        traj = await run_episode(env, self.agent, task, seed + i, g, self.limits, self.verifier)
+                    finally:
+                        self._envs.append(env)
+                results[(i, g)] = traj
+                if sink:
+                    sink.write(traj.model_dump_json() + "\n")
+                    sink.flush()
+                passed = sum(t.outcome == Outcome.PASSED for t in results.values())
+                bar.update(bar_id, advance=1, passed=passed)
+
+            try:
+                await asyncio.gather(*(one(i, t, g) for i, t, g in jobs))
+            finally:
+                if sink:
+                    sink.close()
+        return [results[(i, g)] for i, _, g in jobs]
+
+    def run(self, tasks: list[Task], seed: int = 0) -> list[Trajectory]:
+        """Synchronous wrapper around `arun`."""
+        return asyncio.run(self.arun(tasks, seed))
+
+    def close(self) -> None:
+        """Close pooled environments."""
+        for env in self._envs:
+            env.close()
+        self._envs.clear()

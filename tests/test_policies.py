@@ -1,0 +1,202 @@
+"""Policies: HF batching correctness, the sglang client over real HTTP, the OpenAI-compatible agent."""
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import toolgym
+from toolgym.harness import (OpenAIAgent, PolicyError, RolloutRunner, SamplingParams, TokenAgent)
+from toolgym.harness.protocol_server import ProtocolServer
+from toolgym.harness.sglang_client import SGLangPolicy
+from toolgym.tasks import builtin_suite
+from toolgym.verifiers import Outcome
+
+
+def test_tiny_policy_loads_like_any_hf_model(tiny_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    assert model.config.model_type == "qwen2"
+    for special in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"):
+        assert len(tok.encode(special, add_special_tokens=False)) == 1
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {
+        "name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}}], tokenize=False,
+        add_generation_prompt=True)
+    assert "<tools>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_batched_generation_equals_one_at_a_time(tiny_policy):
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [20]]
+    samplings = [SamplingParams(max_new_tokens=12, seed=s, temperature=t) for s, t in ((1, 1.0), (2, 0.0), (3, 0.7))]
+    together = tiny_policy.generate_batch(prompts, samplings)
+    alone = [tiny_policy.generate_batch([p], [s])[0] for p, s in zip(prompts, samplings)]
+    for a, b in zip(together, alone):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert len(a.token_ids) == 12 and a.finish_reason == "length"
+
+
+def test_logprobs_are_the_models(tiny_policy):
+    import torch
+
+    gen = tiny_policy.generate_batch([[5, 6, 7]], [SamplingParams(max_new_tokens=5, seed=0)])[0]
+    ids = torch.tensor([[5, 6, 7] + gen.token_ids])
+    with torch.no_grad():
+        logits = tiny_policy.model(ids).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    ref = [float(lp[2 + i, t]) for i, t in enumerate(gen.token_ids)]
+    assert gen.logprobs == pytest.approx(ref, abs=1e-4)
+
+
+def test_concurrent_requests_are_batched(tiny_policy):
+    tiny_policy.batch_sizes.clear()
+
+    async def main():
+        return await asyncio.gather(*[tiny_policy.generate([5, 6, 7 + i], SamplingParams(max_new_tokens=4, seed=i))
+                                      for i in range(16)])
+
+    outs = asyncio.run(main())
+    assert len(outs) == 16 and max(tiny_policy.batch_sizes) == 16
+
+
+def test_stop_token_ends_generation(tiny_policy):
+    first = tiny_policy.generate_batch([[5, 6, 7]], [SamplingParams(max_new_tokens=8, temperature=0)])[0]
+    stop = first.token_ids[2]
+    gen = tiny_policy.generate_batch([[5, 6, 7]], [SamplingParams(max_new_tokens=8, temperature=0,
+                                                                  stop_token_ids=(stop,))])[0]
+    assert gen.token_ids == first.token_ids[: first.token_ids.index(stop) + 1] and gen.finish_reason == "stop"
+
+
+# ---- sglang client over real HTTP -----------------------------------------------------------------
+
+def test_sglang_client_matches_in_process_generation(tiny_policy):
+    sampling = SamplingParams(max_new_tokens=10, seed=7, temperature=1.0)
+    direct = tiny_policy.generate_batch([[5, 6, 7, 8]], [sampling])[0]
+    with ProtocolServer(tiny_policy) as server:
+        client = SGLangPolicy(server.url)
+
+        async def main():
+            ok = await client.health()
+            gen = await client.generate([5, 6, 7, 8], sampling)
+            await client.aclose()
+            return ok, gen
+
+        ok, gen = asyncio.run(main())
+        body = server.requests[-1]
+    assert ok == [True]
+    assert gen.token_ids == direct.token_ids and gen.logprobs == pytest.approx(direct.logprobs, abs=1e-5)
+    assert body["input_ids"] == [5, 6, 7, 8] and body["return_logprob"] is True
+    assert body["sampling_params"]["max_new_tokens"] == 10 and body["sampling_params"]["sampling_seed"] == 7
+
+
+def test_sglang_client_retries_then_succeeds(tiny_policy):
+    with ProtocolServer(tiny_policy, fail_first=2) as server:
+        client = SGLangPolicy(server.url, retries=3, backoff_s=0.01)
+        gen = asyncio.run(client.generate([5, 6], SamplingParams(max_new_tokens=3, seed=0)))
+        assert len(gen.token_ids) == 3 and len(server.requests) == 3
+
+
+def test_sglang_client_spreads_over_servers_and_updates_weights(tiny_policy, tiny_dir):
+    with ProtocolServer(tiny_policy) as a, ProtocolServer(tiny_policy) as b:
+        client = SGLangPolicy([a.url, b.url])
+
+        async def main():
+            await asyncio.gather(*[client.generate([5, 6, i + 7], SamplingParams(max_new_tokens=2, seed=i))
+                                   for i in range(6)])
+            await client.update_weights_from_disk(tiny_dir)
+            await client.flush_cache()
+            await client.aclose()
+
+        asyncio.run(main())
+        assert len(a.requests) > 0 and len(b.requests) > 0 and len(a.requests) + len(b.requests) == 6
+        assert a.weight_updates == [tiny_dir] and b.weight_updates == [tiny_dir]
+
+
+def test_sglang_failed_weight_update_raises(tiny_policy):
+    with ProtocolServer(tiny_policy) as server:
+        with pytest.raises(PolicyError, match="weight update failed"):
+            asyncio.run(SGLangPolicy(server.url).update_weights_from_disk("/nonexistent/ckpt"))
+
+
+def test_sglang_bad_request_is_not_retried(tiny_policy):
+    with ProtocolServer(tiny_policy) as server:
+        with pytest.raises(PolicyError, match="HTTP 400"):
+            asyncio.run(SGLangPolicy(server.url, retries=3).generate([], SamplingParams()))
+        assert len(server.requests) == 1
+
+
+def test_dead_server_is_infra_error_and_batch_survives(tiny_policy):
+    # Port 9 on loopback: nothing listens; every request fails fast.
+    agent = TokenAgent(SGLangPolicy("http://127.0.0.1:9", retries=1, backoff_s=0.01), tiny_policy.tokenizer)
+    tasks = builtin_suite("records").tasks[:3]
+    runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, group_size=2, progress=False)
+    trajs = runner.run(tasks)
+    assert len(trajs) == 6 and all(t.outcome == Outcome.INFRA_ERROR for t in trajs)
+    assert all("failed after 2 attempts" in t.error for t in trajs)
+
+
+def test_parse_response_rejects_garbage():
+    with pytest.raises(PolicyError, match="unexpected /generate response"):
+        SGLangPolicy.parse_response({"text": "hi"})
+    gen = SGLangPolicy.parse_response({"output_ids": [4, 5], "meta_info": {
+        "output_token_logprobs": [[-0.1, 4, None], [-0.2, 5, None]], "finish_reason": {"type": "length"}}})
+    assert gen.token_ids == [4, 5] and gen.logprobs == [-0.1, -0.2] and gen.finish_reason == "length"
+
+
+# ---- OpenAI-compatible chat endpoint --------------------------------------------------------------
+
+class _ChatServer:
+    """A local OpenAI-compatible endpoint that answers with the task's oracle calls in the API's own
+    `tool_calls` format (a stand-in for a remote API that cannot be reached from here)."""
+
+    def __init__(self, oracle_by_instruction):
+        self.bodies = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.bodies.append(body)
+                user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+                turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+                call = oracle_by_instruction[user][turn]
+                msg = {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": f"c{turn}", "type": "function",
+                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}]}
+                data = json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_openai_agent_solves_tasks_over_http():
+    tasks = builtin_suite("records").split("held-out").tasks[:4]
+    server = _ChatServer({t.instruction: t.oracle for t in tasks})
+    agent = OpenAIAgent(server.url, model="m")
+    runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, progress=False)
+    trajs = runner.run(tasks)
+    server.httpd.shutdown()
+    assert [t.outcome for t in trajs] == [Outcome.PASSED] * 4 and not any(t.has_tokens for t in trajs)
+    last = server.bodies[-1]
+    assert last["model"] == "m" and [t["function"]["name"] for t in last["tools"]] == ["search", "get", "answer"]
+    roles = [m["role"] for m in last["messages"]]
+    assert roles[:3] == ["user", "assistant", "tool"]
+    assert last["messages"][2]["tool_call_id"] == last["messages"][1]["tool_calls"][0]["id"]
+
+
+def test_openai_agent_unreachable_is_policy_error():
+    agent = OpenAIAgent("http://127.0.0.1:9/v1")
+    with pytest.raises(PolicyError):
+        asyncio.run(agent.respond([{"role": "user", "content": "x"}], [], builtin_suite("records").tasks[0]))

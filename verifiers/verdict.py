@@ -1,0 +1,54 @@
+"""`Outcome` (a closed set) and `Verdict`: what grading an episode produced."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Outcome(str, Enum):
+    """How an episode ended. Trainers skip `infra_error` and `verifier_error`: those are our
+    failures, not the agent's, and are never trained on as reward 0."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    FORMAT_ERROR = "format_error"
+    INFRA_ERROR = "infra_error"
+    VERIFIER_ERROR = "verifier_error"
+
+    @property
+    def is_agent_attempt(self) -> bool:
+        """True when the result says something about the agent (not infra or verifier trouble)."""
+        return self not in (Outcome.INFRA_ERROR, Outcome.VERIFIER_ERROR)
+
+
+class TestResult(BaseModel):
+    """One hidden test (or check) and whether it passed."""
+
+    name: str
+    passed: bool
+    message: str = ""
+
+
+class Verdict(BaseModel):
+    """The grade of one episode: reward in [0, 1], per-test results, outcome and a short reason."""
+
+    reward: float = Field(ge=0.0, le=1.0)
+    passed: bool
+    outcome: Outcome
+    tests: list[TestResult] = Field(default_factory=list)
+    duration_s: float = 0.0
+    reason: str = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class FinalState(BaseModel):
+    """What a verifier may look at after an episode: the submitted answer and workspace changes."""
+
+    answer: str | None = None
+    #: Agent changes to the workspace: path -> new text, or None for a deleted file.
+    changes: dict[str, str | None] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
