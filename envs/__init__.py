@@ -6,12 +6,13 @@ May import `toolgym.tasks` and `toolgym.sandbox` only.
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.parsing import ERROR_CLASSES, CallError, ParsedAction, coerce_action, parse_tool_calls
 from toolgym.envs.registry import EnvInfo, full_id, import_source, make, register_env, registered
+from toolgym.envs.sandbox_env import SandboxEnv
 from toolgym.envs.spaces import TextSpace
 from toolgym.envs.tools import ToolArgumentError, ToolDefinitionError, ToolError, ToolSpec, tool
 from toolgym.envs import families  # noqa: F401,E402  (registers the built-in environments)
 
 __all__ = [
-    "ERROR_CLASSES", "CallError", "EnvInfo", "ParsedAction", "TextSpace", "ToolArgumentError",
+    "ERROR_CLASSES", "CallError", "SandboxEnv", "EnvInfo", "ParsedAction", "TextSpace", "ToolArgumentError",
     "ToolDefinitionError", "ToolEnv", "ToolError", "ToolSpec", "coerce_action", "full_id",
     "import_source", "make", "parse_tool_calls", "register_env", "registered", "tool",
 ]

@@ -67,3 +67,52 @@ class ScriptedTokenPolicy:
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eot]
         self.calls.append((len(prompt_ids), ids))
         return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
+
+
+# ---- sandboxes -------------------------------------------------------------------------------------
+
+WORKSPACE_FILES = {
+    "README.md": "hello\n",
+    "src/app.py": "def add(a, b):\n    return a + b\n",
+    "tests/test_app.py": "from src.app import add\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+    "data/keep.txt": "keep me\n",
+}
+
+
+def require_backend(backend: str) -> None:
+    """Real components only: a backend that cannot run is a test failure, never a skip."""
+    from toolgym.sandbox import SandboxUnavailable
+
+    try:
+        if backend == "docker":
+            from toolgym.sandbox.docker_backend import client
+            from toolgym.sandbox.image import DEFAULT_TAG, image_exists
+
+            client()
+            if not image_exists(DEFAULT_TAG):
+                pytest.fail(f"docker image {DEFAULT_TAG} missing: run `toolgym sandbox build-image` (scripts/test.sh does)")
+        else:
+            from toolgym.sandbox.bwrap import find_bwrap, probe_userns
+
+            probe_userns(find_bwrap())
+    except SandboxUnavailable as err:
+        pytest.fail(f"{backend} backend unavailable: {err}")
+
+
+@pytest.fixture(params=["bwrap", "docker"])
+def backend(request):
+    """Each sandbox test runs on both backends."""
+    require_backend(request.param)
+    return request.param
+
+
+@pytest.fixture
+def sandbox(backend):
+    """A sandbox over WORKSPACE_FILES with `tests/` protected; closed after the test."""
+    from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
+
+    config = SandboxConfig(backend=backend, protected=("tests",),
+                           limits=Limits(timeout_s=20, memory_mb=256, pids=64, file_size_mb=16))
+    box = make_sandbox(dict(WORKSPACE_FILES), config)
+    yield box
+    box.close()

@@ -1,0 +1,30 @@
+# toolgym exec wrapper (POSIX sh). $1 is the command. Runs it, then records and kills every process
+# it left behind, so no exec leaks processes into the next and the ledger sees the attempt.
+TOOLGYM_CMD=$1
+# Limits first (lowering needs no privilege and cannot be undone by the command).
+IFS_SAVED=$IFS; IFS=,
+for flag in $TOOLGYM_ULIMITS; do IFS=$IFS_SAVED; ulimit $flag 2>/dev/null; IFS=,; done
+IFS=$IFS_SAVED
+unset TOOLGYM_ULIMITS IFS_SAVED
+if [ -n "$TOOLGYM_TIMEOUT" ]; then
+  # docker: no host process to kill, so the command runs under coreutils timeout
+  T=$TOOLGYM_TIMEOUT; unset TOOLGYM_TIMEOUT
+  timeout -s KILL "$T" /bin/sh -c "$TOOLGYM_CMD"
+else
+  (eval "$TOOLGYM_CMD")
+fi
+rc=$?
+unset LD_PRELOAD
+me=$$
+n=0
+for p in /proc/[0-9]*; do
+  pid=${p#/proc/}
+  [ "$pid" = 1 ] && continue
+  [ "$pid" = "$me" ] && continue
+  cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
+  [ -n "$cmd" ] || continue
+  n=$((n + 1))
+  [ "$n" -le 20 ] && echo "leftover $pid $cmd" >> "$TOOLGYM_LOG_DIR/events"
+done
+[ "$n" -gt 0 ] && kill -9 -1 2>/dev/null
+exit $rc

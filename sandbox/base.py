@@ -1,0 +1,188 @@
+"""The `Sandbox` protocol, its data types and configuration.
+
+A sandbox is an isolated place with a workspace directory (`/workspace` inside) where commands
+run. `reset()` returns it to the pristine workspace, provably: `state_hash()` after `reset()`
+equals the hash before any action. Every backend declares its `capabilities` and passes the
+same conformance suite (tests/test_sandbox_conformance.py).
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolgym.sandbox.ledger import Ledger, SafetyPolicy, SideEffect
+
+WORKSPACE = "/workspace"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not do what was asked (backend missing, daemon down, bad path)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """A backend cannot run on this machine; the message says what is missing and how to fix it."""
+
+
+class Limits(BaseModel):
+    """Resource limits for everything run in a sandbox."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory_mb: int = Field(default=512, ge=16)
+    pids: int = Field(default=128, ge=8)
+    cpu_time_s: int = Field(default=60, ge=1, description="CPU seconds per exec (rlimit fallback)")
+    cpus: float = Field(default=1.0, gt=0)
+    file_size_mb: int = Field(default=64, ge=1)
+    output_bytes: int = Field(default=64_000, ge=1024, description="stdout/stderr kept per stream")
+    output_kill_bytes: int = Field(default=8_000_000, description="output beyond this kills the exec")
+    timeout_s: float = Field(default=30.0, gt=0)
+
+
+class SandboxConfig(BaseModel):
+    """How to build a sandbox: backend, image/rootfs, limits, protected paths, canary."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: str = Field(default="bwrap", description="bwrap | docker")
+    rootfs: str | None = Field(default=None, description="bwrap: an unpacked image directory (default: host /)")
+    image: str = Field(default="toolgym/sandbox:base", description="docker: the image")
+    limits: Limits = Field(default_factory=Limits)
+    protected: tuple[str, ...] = Field(default=(), description="workspace paths the agent must not change")
+    canary: bool = True
+    policy: SafetyPolicy = Field(default_factory=SafetyPolicy)
+
+
+class ExecResult(BaseModel):
+    """What running one command produced."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    truncated: bool = False
+    timed_out: bool = False
+    duration_s: float = 0.0
+    oom_killed: bool = False
+    limit_hit: str | None = Field(default=None, description="memory | pids | output | cpu | file_size")
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0 and no limit or timeout."""
+        return self.exit_code == 0 and not self.timed_out and self.limit_hit is None
+
+
+class Capabilities(BaseModel):
+    """What a backend can do on this machine."""
+
+    backend: str
+    network_isolated: bool = True
+    persistent_processes: bool = False
+    cgroups: bool = False
+    overlay_reset: bool = False
+    root_writes_observed: bool = False
+    notes: list[str] = Field(default_factory=list)
+
+
+class Sandbox(abc.ABC):
+    """The protocol every backend implements (see the module docstring)."""
+
+    config: SandboxConfig
+    ledger: Ledger
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this backend can do here."""
+
+    @abc.abstractmethod
+    def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
+             stdin: str | None = None) -> ExecResult:
+        """Run `cmd` with `/bin/sh -c` inside the sandbox; never raises for the command's failure."""
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> str:
+        """Text of a workspace file (relative to the workspace, or absolute under it)."""
+
+    @abc.abstractmethod
+    def write_file(self, path: str, text: str) -> None:
+        """Write a workspace file (parents created)."""
+
+    @abc.abstractmethod
+    def files(self) -> dict[str, Any]:
+        """The current workspace tree: relative path -> `fs.Entry`."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Kill everything and restore the pristine workspace (and everything outside it)."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> str:
+        """Save the current workspace; returns a snapshot id for `restore`."""
+
+    @abc.abstractmethod
+    def restore(self, snapshot_id: str) -> None:
+        """Return the workspace to a snapshot."""
+
+    @abc.abstractmethod
+    def kill_all(self) -> int:
+        """Kill every process running in the sandbox; returns how many were killed."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release everything; leaves no process, mount, container or temp dir behind."""
+
+    # ---- shared behaviour ------------------------------------------------------------------------
+
+    def state_hash(self) -> str:
+        """Content hash of the workspace: paths, modes, bytes, symlink targets."""
+        from toolgym.sandbox.fs import tree_hash
+
+        return tree_hash(self.files())
+
+    def diff(self) -> dict[str, str]:
+        """Workspace changes vs pristine: path -> added | modified | deleted | mode."""
+        from toolgym.sandbox.fs import diff_trees
+
+        return diff_trees(self.pristine_files(), self.files())
+
+    @abc.abstractmethod
+    def pristine_files(self) -> dict[str, Any]:
+        """The pristine workspace tree."""
+
+    def events(self) -> list[SideEffect]:
+        """Side effects recorded since the last reset."""
+        return list(self.ledger.events)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def workspace_rel(path: str) -> str:
+    """Normalise a workspace path; refuses escapes (`..`, absolute paths elsewhere)."""
+    p = path.strip()
+    if p.startswith(WORKSPACE + "/"):
+        p = p[len(WORKSPACE) + 1:]
+    elif p == WORKSPACE:
+        p = ""
+    if p.startswith("/"):
+        raise SandboxError(f"path {path!r} is outside the workspace ({WORKSPACE})")
+    parts = [x for x in Path(p).parts if x not in ("", ".")]
+    if any(x == ".." for x in parts):
+        raise SandboxError(f"path {path!r} escapes the workspace")
+    return "/".join(parts)
+
+
+def host_path(root: Path, rel: str) -> Path:
+    """`root/rel`, refusing paths that leave `root` through symlinks."""
+    target = root / rel
+    resolved_root = root.resolve()
+    parent = target.parent.resolve()
+    if parent != resolved_root and resolved_root not in parent.parents:
+        raise SandboxError(f"path {rel!r} leaves the workspace through a symlink")
+    return target

