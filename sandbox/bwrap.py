@@ -33,7 +33,7 @@ from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, 
                                   SandboxUnavailable, workspace_rel)
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.ledger import EffectKind, Ledger
-from toolgym.sandbox.native import observe_shim, wrapper_script
+from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_outside_changes, record_workspace_changes)
 
@@ -248,8 +248,9 @@ class BwrapSandbox(Sandbox):
                  "--bind", str(s / "tmp"), "/tmp",
                  "--overlay-src", str(self.lower), "--overlay", str(s / "upper"), str(s / "work"), WORKSPACE,
                  "--bind", str(s / "log"), LOG_DIR,
-                 "--ro-bind", str(self.wrapper), "/.toolgym-wrapper.sh"]
-        variables = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_ULIMITS": self._ulimits(),
+                 "--ro-bind", str(self.wrapper), "/.toolgym-wrapper.sh",
+                 "--ro-bind", str(decoy_bin()), "/.toolgym-bin"]
+        variables = {"PATH": "/.toolgym-bin:" + PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_ULIMITS": self._ulimits(),
                      "TOOLGYM_LOG_DIR": LOG_DIR, "TOOLGYM_WORKSPACE": WORKSPACE, "TOOLGYM_CANARY": CANARY_PATH}
         if self.shim is not None:
             args += ["--ro-bind", str(self.shim), "/.toolgym-observe.so"]
@@ -273,8 +274,10 @@ class BwrapSandbox(Sandbox):
 
     def _spawn(self, args: list[str], with_stdin: bool) -> subprocess.Popen:
         def start(argv: list[str]) -> subprocess.Popen:
+            # bwrap's own environment is visible inside as /proc/1/environ: give it none of ours.
             return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    env={"PATH": PATH})
 
         if self.cgroup is None:
             return start(args)

@@ -29,7 +29,7 @@ from toolgym.sandbox import fs
 from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
                                   SandboxUnavailable, host_path, workspace_rel)
 from toolgym.sandbox.ledger import EffectKind, Ledger
-from toolgym.sandbox.native import observe_shim, wrapper_script
+from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_workspace_changes)
 
@@ -100,7 +100,8 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     volumes = {str(state / "ws"): {"bind": WORKSPACE, "mode": "rw"},
                str(state / "log"): {"bind": LOG_DIR, "mode": "rw"},
                str(state / "home"): {"bind": "/root", "mode": "ro"},
-               str(wrapper_script()): {"bind": "/.toolgym-wrapper.sh", "mode": "ro"}}
+               str(wrapper_script()): {"bind": "/.toolgym-wrapper.sh", "mode": "ro"},
+               str(decoy_bin()): {"bind": "/.toolgym-bin", "mode": "ro"}}
     shim = observe_shim()
     if shim is not None:
         volumes[str(shim)] = {"bind": "/.toolgym-observe.so", "mode": "ro"}
@@ -268,7 +269,7 @@ class DockerSandbox(Sandbox):
 
     def _env(self, env: dict[str, str] | None, timeout: float) -> dict[str, str]:
         lim = self.limits
-        variables = {"HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_LOG_DIR": LOG_DIR,
+        variables = {"PATH": "/.toolgym-bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_LOG_DIR": LOG_DIR,
                      "TOOLGYM_WORKSPACE": WORKSPACE, "TOOLGYM_CANARY": CANARY_PATH,
                      "TOOLGYM_ULIMITS": f"-c 0,-t {lim.cpu_time_s},-f {(lim.file_size_mb << 20) // 512}",
                      "TOOLGYM_TIMEOUT": str(max(1, int(timeout + 0.999)))}
@@ -408,6 +409,8 @@ class DockerSandbox(Sandbox):
             result.limit_hit = "pids"
         if overflow:
             result.limit_hit = "output"
+        if result.exit_code in (128 + 24, 128 + 25) and result.limit_hit is None:  # SIGXCPU, SIGXFSZ
+            result.limit_hit = "cpu" if result.exit_code == 128 + 24 else "file_size"
         if result.limit_hit:
             led.record(EffectKind.RESOURCE_LIMIT, detail=f"{result.limit_hit} limit hit")
         if result.timed_out:

@@ -184,6 +184,17 @@ static void check_open(const char *path, int flags) {
     if ((flags & (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC)) && !allowed_write(path)) emit("write", path);
 }
 
+/* openat(dirfd, "name") as used by gzip & co: rebuild the full path from the directory fd. */
+static void check_open_at(int dirfd, const char *path, int flags) {
+    char link[64], dir[4096], full[8192];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+    ssize_t n = readlink(link, dir, sizeof dir - 1);
+    if (n <= 0) return;
+    dir[n] = 0;
+    snprintf(full, sizeof full, "%s/%s", dir, path);
+    check_open(full, flags);
+}
+
 #define OPEN_WRAPPER(name)                                                   \
     int name(const char *path, int flags, ...) {                              \
         static int (*real)(const char *, int, ...) = NULL;                   \
@@ -207,6 +218,7 @@ OPEN_WRAPPER(open64)
             va_list ap; va_start(ap, flags); mode = va_arg(ap, int); va_end(ap); \
         }                                                                    \
         if (path && (path[0] == '/' || dirfd == AT_FDCWD)) check_open(path, flags); \
+        else if (path) check_open_at(dirfd, path, flags);                    \
         return real(dirfd, path, flags, mode);                               \
     }
 OPENAT_WRAPPER(openat)

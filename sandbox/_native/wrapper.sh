@@ -21,8 +21,11 @@ for p in /proc/[0-9]*; do
   pid=${p#/proc/}
   [ "$pid" = 1 ] && continue
   [ "$pid" = "$me" ] && continue
+  read -r st < "$p/stat" 2>/dev/null || continue
+  st=${st##*) }
+  [ "${st%% *}" = Z ] && continue   # zombies are already dead
   cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
-  [ -n "$cmd" ] || continue
+  [ -n "$cmd" ] || read -r cmd < "$p/comm" 2>/dev/null   # mid-exec: no cmdline yet
   n=$((n + 1))
   [ "$n" -le 20 ] && echo "leftover $pid $cmd" >> "$TOOLGYM_LOG_DIR/events"
 done
