@@ -33,6 +33,7 @@ from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, 
                                   SandboxUnavailable, workspace_rel)
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.ledger import EffectKind, Ledger
+from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_outside_changes, record_workspace_changes)
@@ -69,7 +70,7 @@ def _overlay_works(bwrap: str, lower: Path) -> bool:
     """Can bwrap mount an overlay on `lower` here? (Cached; some dirs hold nested overlay mounts.)"""
     key = (bwrap, str(lower))
     if key not in _OVERLAY_OK:
-        tmp = Path(tempfile.mkdtemp(prefix="toolgym-probe-"))
+        tmp = Path(tempfile.mkdtemp(prefix=f"toolgym-probe-{os.getpid()}-"))
         try:
             (tmp / "u").mkdir()
             (tmp / "w").mkdir()
@@ -191,7 +192,8 @@ class BwrapSandbox(Sandbox):
         if not (self.rootfs / "usr").is_dir():
             raise SandboxError(f"rootfs {self.rootfs} has no /usr: not a root filesystem")
         self.ledger = Ledger()
-        self.state = Path(tempfile.mkdtemp(prefix="toolgym-bwrap-"))
+        reap_once()
+        self.state = Path(tempfile.mkdtemp(prefix=f"toolgym-bwrap-{os.getpid()}-"))
         self.closed = False
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()

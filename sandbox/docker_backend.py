@@ -29,6 +29,7 @@ from toolgym.sandbox import fs
 from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
                                   SandboxUnavailable, host_path, workspace_rel)
 from toolgym.sandbox.ledger import EffectKind, Ledger
+from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_workspace_changes)
@@ -54,6 +55,15 @@ def client():
             "`apt-get install -y docker.io && dockerd &` (scripts/test.sh does this)") from None
 
 
+def process_start(pid: int) -> str:
+    """A process's start time (clock ticks since boot), or "" if it is gone: pid + start = identity."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
 def _call(fn, *args, **kwargs):
     with _DAEMON_CALLS:
         return fn(*args, **kwargs)
@@ -67,7 +77,8 @@ def reap(c=None) -> int:
     for container in _call(c.containers.list, all=True, filters={"label": LABEL}):
         labels = container.labels
         pid = int(labels.get("toolgym.pid", "0") or 0)
-        alive = labels.get("toolgym.host") == host and pid > 0 and Path(f"/proc/{pid}").exists()
+        alive = (labels.get("toolgym.host") == host and pid > 0
+                 and process_start(pid) == labels.get("toolgym.start", ""))  # pids get reused
         if alive:
             continue
         try:
@@ -91,7 +102,7 @@ class _Slot:
 
 def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     lim = config.limits
-    state = Path(tempfile.mkdtemp(prefix="toolgym-docker-"))
+    state = Path(tempfile.mkdtemp(prefix=f"toolgym-docker-{os.getpid()}-"))
     for name in ("ws", "log", "home"):
         (state / name).mkdir()
     os.chown(state / "ws", SANDBOX_UID, SANDBOX_UID)
@@ -106,6 +117,7 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     if shim is not None:
         volumes[str(shim)] = {"bind": "/.toolgym-observe.so", "mode": "ro"}
     labels = {LABEL: "1", "toolgym.run": RUN_ID, "toolgym.episode": episode, "toolgym.pid": str(os.getpid()),
+              "toolgym.start": process_start(os.getpid()),
               "toolgym.host": socket.gethostname(), "toolgym.state": str(state)}
     try:
         container = _call(
@@ -169,6 +181,7 @@ class WarmPool:
         self.config = config
         self.size = size
         self.client = client()
+        reap_once(docker=True)
         self.ready: queue.Queue[_Slot] = queue.Queue()
         self.closed = False
         self._want = threading.Semaphore(0)
@@ -212,11 +225,12 @@ class DockerSandbox(Sandbox):
                  pool: WarmPool | None = None, episode: str | None = None) -> None:
         self.config = config or SandboxConfig(backend="docker", image=DEFAULT_IMAGE)
         self.client = client()
+        reap_once(docker=True)
         self.limits = self.config.limits
         self.ledger = Ledger()
         self.closed = False
         self.episode = episode or uuid.uuid4().hex[:8]
-        self.pristine = Path(tempfile.mkdtemp(prefix="toolgym-docker-pristine-"))
+        self.pristine = Path(tempfile.mkdtemp(prefix=f"toolgym-docker-pristine-{os.getpid()}-"))
         fs.write_files(self.pristine, workspace or {})
         self._pristine_tree = fs.read_tree(self.pristine)
         self.canary_token, self._canary_text = new_canary() if self.config.canary else (None, "")

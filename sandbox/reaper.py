@@ -1,0 +1,62 @@
+"""Remove what dead toolgym processes left behind: temp dirs, cgroups, docker containers.
+
+Every toolgym temp dir and cgroup name carries its creator's pid (`toolgym-<kind>-<pid>-...`);
+docker containers carry `toolgym.pid`/`toolgym.host` labels. `reap_stale()` runs once per
+process, when the first sandbox is made, so a crashed run never poisons the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from toolgym.sandbox import fs
+
+_NAME = re.compile(r"^toolgym-(?:[a-z]+-)*?(\d+)-")
+_DONE = False
+
+
+def owner_alive(name: str) -> bool:
+    """True if the pid encoded in a toolgym temp/cgroup name is a live process (or no pid is encoded)."""
+    m = _NAME.match(name)
+    return m is None or Path(f"/proc/{m.group(1)}").exists()
+
+
+def stale_temp_dirs() -> list[Path]:
+    """Temp dirs of dead toolgym processes."""
+    return [p for p in Path(tempfile.gettempdir()).glob("toolgym-*") if not owner_alive(p.name)]
+
+
+def reap_stale(docker: bool = False) -> int:
+    """Remove stale temp dirs and cgroups (and containers, if `docker`); returns how many."""
+    global _DONE
+    count = 0
+    for path in stale_temp_dirs():
+        fs.remove_tree(path)
+        count += 1
+    from toolgym.sandbox.cgroups import V1, V2_ROOT, _own_v1_path, _own_v2_path
+
+    parents = [V2_ROOT / _own_v2_path()] if (V2_ROOT / "cgroup.controllers").exists() else [
+        root / _own_v1_path(ctl) for ctl, root in V1.items() if root.is_dir()]
+    for parent in parents:
+        for d in parent.glob("toolgym-*") if parent.is_dir() else []:
+            if not owner_alive(d.name):
+                try:
+                    d.rmdir()
+                    count += 1
+                except OSError:
+                    pass
+    if docker:
+        from toolgym.sandbox.docker_backend import reap
+
+        count += reap()
+    _DONE = True
+    return count
+
+
+def reap_once(docker: bool = False) -> None:
+    """`reap_stale` the first time it is called in this process."""
+    if not _DONE:
+        reap_stale(docker)
