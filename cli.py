@@ -154,6 +154,40 @@ def check(env: str = typer.Argument(..., help="environment id"),
     console.print(f"all {len(results)} checks passed for {full_id(env)}")
 
 
+sandbox_app = typer.Typer(help="Sandbox backends: build the docker image, reap leftovers, probe.")
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command("build-image")
+def sandbox_build_image(tag: str = typer.Option("toolgym/sandbox:base", help="image tag"),
+                        force: bool = typer.Option(False, help="rebuild even if the image exists")) -> None:
+    """Build the docker base image (Python 3 + pytest) with debootstrap + docker import, no registry."""
+    from toolgym.sandbox.image import build_image
+
+    console.print(f"image ready: {build_image(tag, force=force, log=console.print)}")
+
+
+@sandbox_app.command("reap")
+def sandbox_reap() -> None:
+    """Remove containers, temp dirs and cgroups left by dead toolgym processes."""
+    from toolgym.sandbox.reaper import reap_stale
+
+    console.print(f"removed {reap_stale(docker=True)} leftover(s)")
+
+
+@sandbox_app.command("probe")
+def sandbox_probe(backend: str = typer.Option("bwrap", help="bwrap | docker")) -> None:
+    """Start a sandbox, run a command, print the backend's capabilities."""
+    from toolgym.sandbox import SandboxConfig, make_sandbox
+
+    with make_sandbox({"hello.txt": "hi\n"}, SandboxConfig(backend=backend)) as box:
+        res = box.exec("cat hello.txt && id -u")
+        caps = box.capabilities
+    console.print(f"{backend}: exit {res.exit_code}, output {res.stdout.split()}; capabilities {caps.model_dump()}")
+    if res.exit_code != 0:
+        raise CLIError(f"{backend} sandbox could not run a command: {res.stderr.strip()}")
+
+
 def _print_report(report) -> None:
     o = report.overall
     ks = ", ".join(f"pass@{k} = {o.pass_at[str(k)].value:.3f} [{o.pass_at[str(k)].low:.3f}, "
@@ -282,6 +316,7 @@ def main() -> None:
     import gymnasium
 
     from toolgym.harness.policy import PolicyError
+    from toolgym.sandbox import SandboxError
     from toolgym.tasks import SplitLeakError, TaskLoadError
 
     try:
@@ -291,7 +326,7 @@ def main() -> None:
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
     except (CLIError, TaskLoadError, SplitLeakError, KeyError, ValueError, FileNotFoundError, OSError,
-            gymnasium.error.Error, PolicyError) as err:
+            gymnasium.error.Error, PolicyError, SandboxError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         err_console.print(f"error: {msg}")
         sys.exit(2)

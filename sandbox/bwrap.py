@@ -329,8 +329,8 @@ class BwrapSandbox(Sandbox):
         code = proc.wait()
         with self._lock:
             self._procs.discard(proc)
-        if self.cgroup is not None and self.cgroup.pids():
-            self.cgroup.kill_all()  # anything that escaped the namespace teardown
+        # bwrap's exit tears the pid namespace down (the kernel kills what is left); only a killed
+        # exec needs the cgroup swept, which _kill_proc already did.
         result = ExecResult(exit_code=code if code >= 0 else 128 - code,
                             stdout=got.out.decode("utf-8", errors="replace"),
                             stderr=got.err.decode("utf-8", errors="replace"), truncated=got.truncated,

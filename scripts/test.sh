@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # The README's test command: installs everything the tests need on a fresh machine, then runs them.
-# Real components only: if a component cannot be installed or started, the run fails.
+# Real components only: if bwrap or docker cannot be installed or started, the run fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # torch==2.13.0 resolves to the local CPU wheel on the project's machines (see README).
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore torch==2.13.0 -e '.[dev]'
+
+# docker: the daemon and debootstrap (the base image is built without a registry).
+if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+fi
+if ! docker info >/dev/null 2>&1; then
+    (dockerd >/var/log/toolgym-dockerd.log 2>&1 &)
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/toolgym-dockerd.log" >&2; exit 1; }
+fi
+toolgym sandbox build-image
+toolgym sandbox reap
 
 python3 -m pytest -q "$@"

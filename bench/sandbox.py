@@ -1,0 +1,173 @@
+"""Sandbox benchmarks, measured side by side in one run (these machines are noisy).
+
+Prints, for bwrap and docker: reset latency p50/p95 after a small change, exec overhead (`true`)
+p50/p95, sandbox creation time, and a concurrency run (128 bwrap / 32 docker sandboxes running a
+short command loop) with throughput, failures and peak memory; then the naive baseline (a fresh
+container per reset, `docker run` + remove) and the ratio the design buys.
+
+Targets: bwrap reset p50 <= 10 ms, p95 <= 50 ms, exec p50 <= 10 ms; docker reset p50 <= 250 ms
+with the warm pool, exec p50 <= 60 ms.
+
+    python bench/sandbox.py [--quick] [--out runs/bench/sandbox.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
+from toolgym.sandbox.docker_backend import WarmPool, client, remover
+
+WORKSPACE = {f"src/mod{i}.py": f"def f{i}(x):\n    return x + {i}\n" for i in range(20)} | {"README.md": "bench\n"}
+
+
+def pct(xs: list[float]) -> dict:
+    a = np.array(xs) * 1000
+    return {"p50_ms": float(np.percentile(a, 50)), "p95_ms": float(np.percentile(a, 95)), "n": len(xs)}
+
+
+class MemoryWatch:
+    """Peak of (MemTotal - MemAvailable) during a block, minus the value at its start."""
+
+    def __init__(self) -> None:
+        self.peak = self.base = self._used()
+        self.stop = threading.Event()
+
+    @staticmethod
+    def _used() -> int:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) * 1024
+
+    def __enter__(self):
+        def run():
+            while not self.stop.wait(0.05):
+                self.peak = max(self.peak, self._used())
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    @property
+    def peak_mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def bench_backend(backend: str, n: int, pool: WarmPool | None = None) -> dict:
+    cfg = SandboxConfig(backend=backend, limits=Limits(timeout_s=30))
+    t0 = time.perf_counter()
+    box = make_sandbox(WORKSPACE, cfg, pool=pool)
+    create_s = time.perf_counter() - t0
+    resets, execs = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        box.exec("true")
+        execs.append(time.perf_counter() - t)
+    for _ in range(n):
+        box.exec("echo changed > src/mod1.py; rm README.md; mkdir -p out && echo x > out/y")
+        t = time.perf_counter()
+        box.reset()
+        resets.append(time.perf_counter() - t)
+    assert box.state_hash() == make_hash(box)
+    box.close()
+    return {"create_s": create_s, "reset": pct(resets), "exec_true": pct(execs)}
+
+
+def make_hash(box) -> str:
+    from toolgym.sandbox.fs import tree_hash
+
+    return tree_hash(box.pristine_files())
+
+
+def bench_concurrency(backend: str, sandboxes: int, loops: int, pool: WarmPool | None = None) -> dict:
+    cfg = SandboxConfig(backend=backend, limits=Limits(timeout_s=120, memory_mb=128, pids=32))
+    failures: list[str] = []
+    count = [0]
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        try:
+            box = make_sandbox(WORKSPACE, cfg, pool=pool)
+        except Exception as err:
+            failures.append(f"create: {err}")
+            return
+        try:
+            for j in range(loops):
+                r = box.exec(f"echo {i}-{j} > out.txt && cat out.txt")
+                if r.exit_code != 0 or r.stdout.strip() != f"{i}-{j}":
+                    failures.append(f"sandbox {i} loop {j}: exit {r.exit_code} {r.stderr[:80]}")
+                with lock:
+                    count[0] += 1
+            box.reset()
+        finally:
+            box.close()
+
+    with MemoryWatch() as mem:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=sandboxes) as ex:
+            list(ex.map(worker, range(sandboxes)))
+        elapsed = time.perf_counter() - start
+    return {"sandboxes": sandboxes, "execs": count[0], "seconds": elapsed, "execs_per_s": count[0] / elapsed,
+            "failures": len(failures), "failure_examples": failures[:3], "peak_memory_mb": mem.peak_mb}
+
+
+def bench_naive_docker(n: int) -> dict:
+    """The baseline: every reset is a fresh container (`docker run` then remove)."""
+    c = client()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        container = c.containers.run("toolgym/sandbox:base", ["sleep", "infinity"], detach=True, network_mode="none",
+                                     user="1000:1000", labels={"toolgym": "1", "toolgym.bench": "naive"})
+        container.remove(force=True)
+        times.append(time.perf_counter() - t)
+    return {"reset": pct(times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations and sandboxes")
+    parser.add_argument("--out", default="runs/bench/sandbox.json")
+    args = parser.parse_args()
+    n = 15 if args.quick else 50
+    out: dict = {}
+
+    out["bwrap"] = bench_backend("bwrap", n)
+    pool = WarmPool(SandboxConfig(backend="docker"), size=4)
+    time.sleep(3)  # let the pool fill
+    out["docker"] = bench_backend("docker", n, pool)
+    out["naive_docker"] = bench_naive_docker(max(5, n // 3))
+    b, d, nv = out["bwrap"], out["docker"], out["naive_docker"]
+    print(f"{'':14}{'reset p50':>11}{'reset p95':>11}{'exec p50':>10}{'exec p95':>10}{'create':>9}")
+    for name, r in (("bwrap", b), ("docker+pool", d)):
+        print(f"{name:14}{r['reset']['p50_ms']:>9.1f}ms{r['reset']['p95_ms']:>9.1f}ms"
+              f"{r['exec_true']['p50_ms']:>8.1f}ms{r['exec_true']['p95_ms']:>8.1f}ms{r['create_s'] * 1000:>7.0f}ms")
+    print(f"{'naive docker':14}{nv['reset']['p50_ms']:>9.1f}ms{nv['reset']['p95_ms']:>9.1f}ms   (a fresh container per reset)")
+    print(f"reset speed-up vs naive docker: bwrap {nv['reset']['p50_ms'] / b['reset']['p50_ms']:.0f}x, "
+          f"docker+pool {nv['reset']['p50_ms'] / d['reset']['p50_ms']:.1f}x")
+
+    out["bwrap_concurrency"] = bench_concurrency("bwrap", 32 if args.quick else 128, 5)
+    out["docker_concurrency"] = bench_concurrency("docker", 8 if args.quick else 32, 5, pool)
+    pool.close()
+    remover().drain()
+    for name in ("bwrap_concurrency", "docker_concurrency"):
+        r = out[name]
+        print(f"{name}: {r['sandboxes']} sandboxes, {r['execs']} execs in {r['seconds']:.1f}s = "
+              f"{r['execs_per_s']:.0f} execs/s, {r['failures']} failures, peak memory +{r['peak_memory_mb']:.0f} MB")
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
