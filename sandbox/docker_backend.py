@@ -196,7 +196,11 @@ class WarmPool:
             if self.closed:
                 return
             try:
-                self.ready.put(_new_slot(self.client, self.config, "warm"))
+                slot = _new_slot(self.client, self.config, "warm")
+                if self.closed:  # closed while this one was starting
+                    remover().put(slot)
+                    return
+                self.ready.put(slot)
             except Exception:
                 time.sleep(0.5)
                 self._want.release()

@@ -15,7 +15,7 @@ from pathlib import Path
 from toolgym.sandbox import fs
 
 _NAME = re.compile(r"^toolgym-(?:[a-z]+-)*?(\d+)-")
-_DONE = False
+_DONE: set[str] = set()
 
 
 def owner_alive(name: str) -> bool:
@@ -31,7 +31,6 @@ def stale_temp_dirs() -> list[Path]:
 
 def reap_stale(docker: bool = False) -> int:
     """Remove stale temp dirs and cgroups (and containers, if `docker`); returns how many."""
-    global _DONE
     count = 0
     for path in stale_temp_dirs():
         fs.remove_tree(path)
@@ -52,11 +51,12 @@ def reap_stale(docker: bool = False) -> int:
         from toolgym.sandbox.docker_backend import reap
 
         count += reap()
-    _DONE = True
+        _DONE.add("docker")
+    _DONE.add("local")
     return count
 
 
 def reap_once(docker: bool = False) -> None:
     """`reap_stale` the first time it is called in this process."""
-    if not _DONE:
+    if "local" not in _DONE or (docker and "docker" not in _DONE):
         reap_stale(docker)
