@@ -8,8 +8,13 @@ Subpackages (data flows down this list): `tasks`, `sandbox` -> `envs`, `verifier
 -> `trainers`.
 """
 
-from toolgym.envs import ToolEnv, ToolError, make, register_env, registered, tool
+from toolgym.envs import SandboxEnv, ToolEnv, ToolError, make, register_env, registered, tool
 from toolgym.tasks import Task, TaskSuite, ToolCall
+from toolgym.verifiers import grade_final_state
+
+# The package root wires the layers together: sandboxed environments grade with the real
+# verifiers (envs may not import verifiers themselves).
+SandboxEnv.default_grader = staticmethod(grade_final_state)
 
 __version__ = "0.1.0"
-__all__ = ["Task", "TaskSuite", "ToolCall", "ToolEnv", "ToolError", "make", "register_env", "registered", "tool"]
+__all__ = ["SandboxEnv", "Task", "TaskSuite", "ToolCall", "ToolEnv", "ToolError", "make", "register_env", "registered", "tool"]

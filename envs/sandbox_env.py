@@ -9,7 +9,7 @@ end the episode.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.tools import ToolError, tool
@@ -24,6 +24,9 @@ class SandboxEnv(ToolEnv):
     max_turns = 30
     #: Cap on command output shown to the agent per stream.
     max_output_chars = 4000
+    #: Grades a finished episode: (task, final_state dict, sandbox config) -> reward. `toolgym`
+    #: wires the real verifiers in here (envs may not import verifiers; the package root may).
+    default_grader: ClassVar[Callable[..., float] | None] = None
 
     def __init__(self, *args: Any, sandbox: SandboxConfig | dict | None = None, backend: str | None = None,
                  **kwargs: Any) -> None:
@@ -33,6 +36,8 @@ class SandboxEnv(ToolEnv):
             config = config.model_copy(update={"backend": backend})
         self.sandbox_config = config
         self.sandbox: Sandbox | None = None
+        #: Set False when something else (the rollout runner) verifies episodes, to grade once.
+        self.grade_on_submit = True
         self._sandbox_task: str | None = None
         self._reported = 0
 
@@ -80,9 +85,15 @@ class SandboxEnv(ToolEnv):
     def final_state(self) -> dict[str, Any]:
         """The submitted answer and the agent's workspace changes (path -> text, None if deleted)."""
         changes: dict[str, str | None] = {}
+        modes: dict[str, int] = {}
         if self.sandbox is not None:
+            files = self.sandbox.files()
             for rel, what in self.sandbox.diff().items():
-                entry = self.sandbox.files().get(rel)
+                entry = files.get(rel)
+                if entry is not None and entry.kind == "file":
+                    modes[rel] = entry.mode
+                if what == "mode":
+                    continue
                 if what == "deleted":
                     changes[rel] = None
                 elif entry is not None and entry.kind == "file":
@@ -90,7 +101,7 @@ class SandboxEnv(ToolEnv):
                         changes[rel] = self.sandbox.read_file(rel)
                     except SandboxError:
                         pass
-        return {"answer": self.submitted, "changes": changes,
+        return {"answer": self.submitted, "changes": changes, "modes": modes,
                 "metadata": {"side_effects": [e.model_dump(mode="json") for e in self.sandbox.events()]
                              if self.sandbox else []}}
 
@@ -193,8 +204,11 @@ class SandboxEnv(ToolEnv):
         return "submitted"
 
     def grade(self) -> float:
-        """Sandboxed tasks are graded by verifiers after the episode; the env itself awards 0."""
-        return 0.0
+        """The verifier's reward for the final state (0.0 when no grader is wired or grading is off)."""
+        grader = type(self).default_grader
+        if grader is None or not self.grade_on_submit or self.task is None:
+            return 0.0
+        return float(grader(self.task, self.final_state(), self.sandbox_config_for(self.task)))
 
 
 __all__ = ["EffectKind", "SandboxEnv"]

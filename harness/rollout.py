@@ -69,6 +69,8 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
     """Run the turns; returns (terminated by the agent, number of well-formed tool calls)."""
     if limits.max_turns is not None:
         env.max_turns = limits.max_turns
+    if hasattr(env, "grade_on_submit"):
+        env.grade_on_submit = False  # the runner verifies after the episode: grade once
     obs, info = await asyncio.to_thread(env.reset, seed=seed, options={"task": task})
     token_level = isinstance(agent, TokenAgent)
     tools = info["tools"]
@@ -137,7 +139,7 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
 async def _grade(env: ToolEnv, task: Task, traj: Trajectory, verifier: Any, terminated: bool, valid_calls: int) -> None:
     try:
         state = FinalState(**env.final_state()) if hasattr(env, "final_state") else FinalState()
-        grader = verifier or verifier_for(task)
+        grader = verifier or verifier_for(task, getattr(env, "sandbox_config", None))
         verdict: Verdict = await asyncio.to_thread(grader.verify, task, state)
     except Exception as err:  # the verifier's failure, never the agent's
         traj.outcome, traj.error = Outcome.VERIFIER_ERROR, f"{type(err).__name__}: {err}"

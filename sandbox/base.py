@@ -48,7 +48,8 @@ class SandboxConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     backend: str = Field(default="bwrap", description="bwrap | docker")
-    rootfs: str | None = Field(default=None, description="bwrap: an unpacked image directory (default: host /)")
+    rootfs: str | None = Field(default=None, description="bwrap: an unpacked image directory (default: the "
+                               "toolgym rootfs if built, else the host's /)")
     image: str = Field(default="toolgym/sandbox:base", description="docker: the image")
     limits: Limits = Field(default_factory=Limits)
     protected: tuple[str, ...] = Field(default=(), description="workspace paths the agent must not change")

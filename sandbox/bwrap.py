@@ -110,6 +110,15 @@ def probe_userns(bwrap: str) -> None:
         raise SandboxUnavailable(msg)
 
 
+def default_rootfs() -> str:
+    """The toolgym root filesystem (Debian + Python 3 + pytest) when it has been built
+    (`toolgym sandbox build-image`), else the host's: sandboxes then see the same tools as the
+    docker image, whatever Python the harness itself runs on."""
+    from toolgym.sandbox.image import ROOTFS_CACHE
+
+    return str(ROOTFS_CACHE) if (ROOTFS_CACHE / "usr" / "bin" / "python3").exists() else "/"
+
+
 class Collected:
     """Output of a finished process: kept bytes, total byte counts, and why it was stopped."""
 
@@ -188,7 +197,7 @@ class BwrapSandbox(Sandbox):
         self.config = config or SandboxConfig(backend="bwrap")
         self.bwrap = find_bwrap()
         probe_userns(self.bwrap)
-        self.rootfs = Path(self.config.rootfs or "/")
+        self.rootfs = Path(self.config.rootfs or default_rootfs())
         if not (self.rootfs / "usr").is_dir():
             raise SandboxError(f"rootfs {self.rootfs} has no /usr: not a root filesystem")
         self.ledger = Ledger()
@@ -304,7 +313,7 @@ class BwrapSandbox(Sandbox):
                             root_writes_observed=True, persistent_processes=False, notes=notes)
 
     def _check_open(self) -> None:
-        if self.closed:
+        if self.closed or getattr(self, "closing", False):
             raise SandboxError("sandbox is closed")
 
     def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
@@ -443,6 +452,7 @@ class BwrapSandbox(Sandbox):
         """Kill everything, remove the cgroup and every temp directory."""
         if self.closed:
             return
+        self.closing = True  # from now on every call fails as closed, even mid-exec
         self.kill_all()
         if self.cgroup is not None:
             self.cgroup.remove()

@@ -282,7 +282,7 @@ class DockerSandbox(Sandbox):
                             persistent_processes=False, notes=notes)
 
     def _check_open(self) -> None:
-        if self.closed:
+        if self.closed or getattr(self, "closing", False):
             raise SandboxError("sandbox is closed")
 
     def _env(self, env: dict[str, str] | None, timeout: float) -> dict[str, str]:
@@ -507,6 +507,7 @@ class DockerSandbox(Sandbox):
         """Hand the container to the background remover and delete host directories."""
         if self.closed:
             return
+        self.closing = True
         self.closed = True
         remover().put(self.slot)
         fs.remove_tree(self.pristine)

@@ -4,6 +4,16 @@ May import `toolgym.tasks` and `toolgym.sandbox` only.
 """
 
 from toolgym.verifiers.answer import AnswerVerifier, VerifierError, verifier_for
+from toolgym.verifiers.hidden_tests import HiddenTestVerifier, parse_junit
+from toolgym.verifiers.protect import is_protected
+from toolgym.verifiers.state import CompositeVerifier, StateVerifier
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
-__all__ = ["AnswerVerifier", "FinalState", "Outcome", "TestResult", "Verdict", "VerifierError", "verifier_for"]
+
+
+def grade_final_state(task, state: dict, sandbox_config=None) -> float:
+    """Reward of a final state under the task's default verifier (used by sandboxed envs)."""
+    return verifier_for(task, sandbox_config).verify(task, FinalState(**state)).reward
+
+
+__all__ = ["grade_final_state", "CompositeVerifier", "HiddenTestVerifier", "StateVerifier", "is_protected", "parse_junit", "AnswerVerifier", "FinalState", "Outcome", "TestResult", "Verdict", "VerifierError", "verifier_for"]

@@ -33,8 +33,16 @@ class AnswerVerifier:
                        duration_s=time.perf_counter() - start)
 
 
-def verifier_for(task: Task):
-    """The default verifier of a task, by its hidden spec kind."""
+def verifier_for(task: Task, sandbox_config=None):
+    """The default verifier of a task, by its hidden spec kind (sandboxed kinds use `sandbox_config`)."""
     if task.hidden.kind == "answer":
         return AnswerVerifier()
-    raise VerifierError(f"no verifier for hidden kind {task.hidden.kind!r} yet")
+    if task.hidden.kind == "tests":
+        from toolgym.verifiers.hidden_tests import HiddenTestVerifier
+
+        return HiddenTestVerifier(sandbox_config)
+    if task.hidden.kind == "state":
+        from toolgym.verifiers.state import StateVerifier
+
+        return StateVerifier(sandbox_config)
+    raise VerifierError(f"no verifier for hidden kind {task.hidden.kind!r}")

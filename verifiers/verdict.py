@@ -51,4 +51,6 @@ class FinalState(BaseModel):
     answer: str | None = None
     #: Agent changes to the workspace: path -> new text, or None for a deleted file.
     changes: dict[str, str | None] = Field(default_factory=dict)
+    #: Permission bits of changed or re-moded workspace files (path -> mode).
+    modes: dict[str, int] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)

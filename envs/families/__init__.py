@@ -1,3 +1,3 @@
 """Built-in environment families; importing this package registers them."""
 
-from toolgym.envs.families import records  # noqa: F401  (registers toolgym/records-v0)
+from toolgym.envs.families import code_repair, records, shell_ops  # noqa: F401  (register envs and suites)

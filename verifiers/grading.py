@@ -1,0 +1,36 @@
+"""A grading sandbox: the pristine task workspace plus the agent's (non-protected) changes."""
+
+from __future__ import annotations
+
+import shlex
+
+from toolgym.sandbox import Sandbox, SandboxConfig, make_sandbox
+from toolgym.tasks import Task
+from toolgym.verifiers.protect import is_protected, split_changes
+
+
+def _protected(path: str, task: Task) -> bool:
+    return is_protected(path, tuple(task.hidden.protected))
+
+
+def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxConfig,
+                    modes: dict[str, int] | None = None) -> tuple[Sandbox, list[str]]:
+    """A fresh sandbox from the pristine state with the agent's changes applied; returns it and
+    the protected paths whose changes were dropped."""
+    keep, dropped = split_changes(changes, tuple(task.hidden.protected))
+    box = make_sandbox(dict(task.workspace), config.model_copy(update={"canary": False}))
+    try:
+        deletes = [p for p, t in keep.items() if t is None]
+        if deletes:
+            box.exec("rm -rf -- " + " ".join(shlex.quote(p) for p in deletes))
+        for path, text in keep.items():
+            if text is not None:
+                box.write_file(path, text)
+        chmods = [f"chmod {mode & 0o7777:o} -- {shlex.quote(p)}" for p, mode in (modes or {}).items()
+                  if p not in dropped and keep.get(p, "") is not None and not _protected(p, task)]
+        if chmods:
+            box.exec(" ; ".join(chmods))
+    except Exception:
+        box.close()
+        raise
+    return box, dropped
