@@ -111,6 +111,11 @@ class Sandbox(abc.ABC):
     def write_file(self, path: str, text: str) -> None:
         """Write a workspace file (parents created)."""
 
+    def write_files(self, files: dict[str, str]) -> None:
+        """Write several workspace files (backends may do it in one round trip)."""
+        for path, text in files.items():
+            self.write_file(path, text)
+
     @abc.abstractmethod
     def files(self) -> dict[str, Any]:
         """The current workspace tree: relative path -> `fs.Entry`."""

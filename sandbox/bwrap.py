@@ -400,6 +400,27 @@ class BwrapSandbox(Sandbox):
         if res.exit_code != 0:
             raise SandboxError(f"cannot write {path}: {res.stderr.strip()}")
 
+    def write_files(self, files: dict[str, str]) -> None:
+        """Write many files with one exec: a tar archive streamed in on stdin."""
+        import base64
+        import io
+        import tarfile
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path, text in files.items():
+                rel = workspace_rel(path)
+                if not rel:
+                    raise SandboxError("write_files needs file paths")
+                data = text.encode()
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+        res = self.exec(f"base64 -d | tar -x -f - -C {WORKSPACE} --no-same-owner --overwrite",
+                        stdin=base64.b64encode(buf.getvalue()).decode(), timeout_s=30)
+        if res.exit_code != 0:
+            raise SandboxError(f"cannot write files: {res.stderr.strip()[-300:]}")
+
     def files(self) -> dict[str, fs.Entry]:
         """The merged workspace tree, computed on the host from the overlay layers."""
         self._check_open()
@@ -450,9 +471,10 @@ class BwrapSandbox(Sandbox):
 
     def close(self) -> None:
         """Kill everything, remove the cgroup and every temp directory."""
-        if self.closed:
-            return
-        self.closing = True  # from now on every call fails as closed, even mid-exec
+        with self._lock:
+            if self.closed or getattr(self, "closing", False):
+                return
+            self.closing = True  # from now on every call fails as closed, even mid-exec
         self.kill_all()
         if self.cgroup is not None:
             self.cgroup.remove()

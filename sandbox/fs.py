@@ -188,14 +188,19 @@ def write_files(root: str | Path, files: dict[str, str], owner: tuple[int, int] 
                 os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
 
 
-def _force_writable(func, path, _exc) -> None:
+def _force_writable(func, path, exc) -> None:
     # Overlay work dirs are created with mode 000; make them removable and retry.
+    if isinstance(exc[1] if isinstance(exc, tuple) else exc, FileNotFoundError):
+        return  # already gone (removed concurrently)
     try:
         os.chmod(os.path.dirname(path), 0o700)
         os.chmod(path, 0o700)
     except OSError:
         pass
-    func(path)
+    try:
+        func(path)
+    except FileNotFoundError:
+        pass
 
 
 def remove_tree(path: str | Path) -> None:

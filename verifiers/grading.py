@@ -23,9 +23,9 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
         deletes = [p for p, t in keep.items() if t is None]
         if deletes:
             box.exec("rm -rf -- " + " ".join(shlex.quote(p) for p in deletes))
-        for path, text in keep.items():
-            if text is not None:
-                box.write_file(path, text)
+        writes = {p: t for p, t in keep.items() if t is not None}
+        if writes:
+            box.write_files(writes)
         chmods = [f"chmod {mode & 0o7777:o} -- {shlex.quote(p)}" for p, mode in (modes or {}).items()
                   if p not in dropped and keep.get(p, "") is not None and not _protected(p, task)]
         if chmods:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shlex
 import time
 import xml.etree.ElementTree as ET
 from typing import Callable
@@ -27,6 +28,7 @@ from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
 HIDDEN_DIR = "tests_hidden"
 SENTINEL = "test_toolgym_sentinel"
+_SPLIT = "=====toolgym-junit====="
 SENTINEL_FILE = f"{HIDDEN_DIR}/test_toolgym_sentinel.py"
 SENTINEL_CODE = f"def {SENTINEL}():\n    assert 1 == 2, 'this test must fail; if it passes, results were forged'\n"
 
@@ -42,10 +44,6 @@ def parse_junit(xml_text: str) -> list[TestResult]:
         message = "" if bad is None else f"{bad.tag}: {(bad.get('message') or '')[:200]}"
         out.append(TestResult(name=f"{classname}::{name}" if classname else name, passed=bad is None, message=message))
     return out
-
-
-def _digest(files: dict[str, str]) -> str:
-    return hashlib.sha256("\0".join(f"{k}\0{v}" for k, v in sorted(files.items())).encode()).hexdigest()
 
 
 class HiddenTestVerifier:
@@ -77,8 +75,7 @@ class HiddenTestVerifier:
             files[SENTINEL_FILE] = SENTINEL_CODE
             files[f"{HIDDEN_DIR}/pytest.ini"] = "[pytest]\n"
             box.exec(f"rm -rf {HIDDEN_DIR} .toolgym-results-*")
-            for path, text in files.items():
-                box.write_file(path, text)
+            box.write_files(files)
             cmd = hidden.command or (
                 f"mkdir -p {results_dir} && PYTHONPATH=/workspace PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q "
                 f"-p no:cacheprovider --noconftest -c {HIDDEN_DIR}/pytest.ini --rootdir /workspace "
@@ -90,12 +87,14 @@ class HiddenTestVerifier:
             if res.timed_out:
                 return self._verdict(0.0, False, Outcome.TIMEOUT, [], f"hidden tests timed out after {hidden.timeout_s}s",
                                      start, tamper)
-            after = {p: box.read_file(p) for p in files}  # raises if the sandbox died
-            try:
-                xml_text = box.read_file(f"{results_dir}/junit.xml")
-            except SandboxError:
-                if getattr(box, "closed", False) or getattr(box, "closing", False):
-                    raise
+            # One read after every process of the run is dead: file hashes, then the report.
+            names = " ".join(shlex.quote(p) for p in sorted(files))
+            probe = box.exec(f"sha256sum -- {names}; echo {_SPLIT}; cat {results_dir}/junit.xml")
+            if getattr(box, "closed", False) or getattr(box, "closing", False):
+                raise SandboxError("the grading sandbox was closed during grading")
+            hashes_text, _, xml_text = probe.stdout.partition(_SPLIT + "\n")
+            after = {line.split()[-1]: line.split()[0] for line in hashes_text.splitlines() if line.strip()}
+            if probe.exit_code != 0 or not xml_text.strip():
                 return self._verdict(0.0, False, Outcome.FAILED, [], "no JUnit report: the test process died or exited "
                                      f"early (exit code {res.exit_code}); {res.stdout[-300:]}", start, tamper)
         except SandboxError as err:
@@ -104,7 +103,8 @@ class HiddenTestVerifier:
                            details={"side_effects": tamper})
         finally:
             box.close()
-        if _digest(after) != _digest(files):
+        expected_hashes = {p: hashlib.sha256(t.encode()).hexdigest() for p, t in files.items()}
+        if after != expected_hashes:
             tamper.append({"kind": "test_tamper", "path": HIDDEN_DIR, "detail": "hidden tests changed during the run"})
             return self._verdict(0.0, False, Outcome.FAILED, [], "hidden test files were modified while they ran",
                                  start, tamper)
