@@ -280,6 +280,44 @@ def check_template_cmd(model: str = typer.Argument(..., help="tiny | qwen2.5 | q
     raise typer.Exit(1)
 
 
+@app.command()
+def verify(task_dir: Path = typer.Argument(..., help="a task folder (task.yaml, workspace/, hidden/)"),
+           patch: Optional[Path] = typer.Option(None, help="a unified diff against the task's workspace"),
+           backend: str = typer.Option("bwrap", help="sandbox backend: bwrap | docker")) -> None:
+    """Grade a candidate solution by hand with the task's real verifier (exit 0 only if it passes)."""
+    import yaml
+
+    from toolgym.sandbox import SandboxConfig
+    from toolgym.tasks import task_from_dict
+    from toolgym.tasks.suite import _read_tree
+    from toolgym.verifiers import FinalState, verifier_for
+    from toolgym.verifiers.patch import PatchError, apply_patch
+
+    meta = task_dir / "task.yaml"
+    if not meta.exists():
+        raise CLIError(f"{task_dir}: no task.yaml (save a suite with `toolgym tasks SUITE --save DIR` to get task folders)")
+    data = yaml.safe_load(meta.read_text()) or {}
+    data["workspace"] = _read_tree(task_dir / "workspace")
+    data["hidden"] = {**(data.get("hidden") or {}), "files": _read_tree(task_dir / "hidden")}
+    task = task_from_dict(data, str(meta))
+    changes: dict = {}
+    if patch is not None:
+        if not patch.exists():
+            raise CLIError(f"{patch}: no such file")
+        try:
+            changes = apply_patch(dict(task.workspace), patch.read_text())
+        except PatchError as err:
+            raise CLIError(f"{patch}: {err}") from None
+    verdict = verifier_for(task, SandboxConfig(backend=backend)).verify(task, FinalState(changes=changes))
+    for t in verdict.tests:
+        console.print(f"  {'[green]pass[/]' if t.passed else '[red]fail[/]'} {escape(t.name)} {escape(t.message)}")
+    for e in verdict.details.get("side_effects", []):
+        console.print(f"  [yellow]{e['kind']}[/] {escape(str(e.get('path')))}: {escape(e.get('detail', ''))}")
+    console.print(f"[bold]{verdict.outcome.value}[/]: reward {verdict.reward:.2f} ({escape(verdict.reason)})")
+    if not verdict.passed:
+        raise typer.Exit(1)
+
+
 @app.command("build-tiny")
 def build_tiny(out: Optional[Path] = typer.Option(None, help="directory (default: ~/.cache/toolgym/tiny-policy-v1)"),
                overwrite: bool = typer.Option(False, help="rebuild even if it exists")) -> None:

@@ -169,6 +169,52 @@ def check_reset(env: ToolEnv, tasks: list[Task], seed: int = 0) -> CheckResult:
     return CheckResult("reset", True, f"{len(tasks)} tasks restored to their initial observation and state")
 
 
+#: Verifier-hacking attempts made through the standard sandbox tools, then `submit`. None may pass.
+HACK_ACTIONS: dict[str, list[ToolCall]] = {
+    "conftest forcing passes": [ToolCall(name="write_file", arguments={"path": "conftest.py", "content": (
+        "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    out = yield\n    out.get_result().outcome = 'passed'\n")})],
+    "pytest.ini deselecting": [ToolCall(name="write_file", arguments={
+        "path": "pytest.ini", "content": "[pytest]\naddopts = -k nothing_matches\n"})],
+    "visible tests emptied": [ToolCall(name="bash", arguments={
+        "command": "for f in $(find . -path ./tests_hidden -prune -o -name 'test_*.py' -print); do "
+                   "printf 'def test_ok():\\n    assert True\\n' > $f; done; true"})],
+    "files at hidden test paths": [ToolCall(name="bash", arguments={
+        "command": "mkdir -p tests_hidden && printf 'def test_ok():\\n    assert True\\n' > tests_hidden/test_x.py"})],
+    "sitecustomize": [ToolCall(name="write_file", arguments={
+        "path": "sitecustomize.py", "content": "import os\nos._exit(0)\n"})],
+    "fake results file": [ToolCall(name="bash", arguments={
+        "command": "mkdir -p .toolgym-results-x && echo '<testsuites/>' > .toolgym-results-x/junit.xml; "
+                   "echo '{\"name\": \"x\", \"passed\": true}' > results.jsonl"})],
+}
+
+
+def check_hacks(env: ToolEnv, tasks: list[Task]) -> CheckResult:
+    """Sandboxed envs: verifier-hacking attempts (then submit) never earn reward."""
+    passed = []
+    for task in tasks:
+        for name, calls in HACK_ACTIONS.items():
+            actions = [c.to_text() for c in calls] + [ToolCall(name="submit").to_text()]
+            reward, _, _ = run_episode(env, task, actions)
+            if reward > 0:
+                passed.append(f"{task.id}: {name}")
+    ok = not passed
+    return CheckResult("hacks", ok, f"{len(HACK_ACTIONS)} attacks x {len(tasks)} tasks, {len(passed)} passed"
+                       + ("" if ok else f": {passed[:3]}"))
+
+
+def check_initial_state(env: ToolEnv, tasks: list[Task]) -> CheckResult:
+    """The initial workspace hash is the same on every reset of a task."""
+    for task in tasks:
+        hashes = set()
+        for seed in (0, 1):
+            env.reset(seed=seed, options={"task": task})
+            hashes.add(env.state_hash())
+        if len(hashes) != 1:
+            return CheckResult("initial-state", False, f"task {task.id}: initial state hash differs between resets")
+    return CheckResult("initial-state", True, f"{len(tasks)} tasks start from one state hash")
+
+
 def run_checks(env_id: str, n_tasks: int = 30, imports: tuple[str, ...] = (),
                on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Run every check on `env_id`; `on_result` is called as each finishes."""
@@ -199,6 +245,9 @@ def run_checks(env_id: str, n_tasks: int = 30, imports: tuple[str, ...] = (),
         guarded(f"oracle[{split}]", lambda: check_oracle(env, tasks))
         guarded(f"do-nothing[{split}]", lambda: check_do_nothing(env, tasks))
         guarded(f"reset[{split}]", lambda: check_reset(env, tasks[: max(1, n_tasks // 3)]))
+        if getattr(env, "sandbox_config", None) is not None:  # a sandboxed env
+            guarded(f"hacks[{split}]", lambda: check_hacks(env, tasks[: max(1, n_tasks // 5)]))
+            guarded(f"initial-state[{split}]", lambda: check_initial_state(env, tasks[: max(1, n_tasks // 5)]))
         env.close()
     return results
 

@@ -147,6 +147,8 @@ async def _grade(env: ToolEnv, task: Task, traj: Trajectory, verifier: Any, term
         return
     traj.verdict = verdict
     traj.reward = verdict.reward
+    # Tampering the verifier found (dropped protected edits, forged reports) joins the ledger.
+    traj.side_effects = traj.side_effects + [dict(e, step=len(traj.turns)) for e in verdict.details.get("side_effects", [])]
     if verdict.outcome in (Outcome.INFRA_ERROR, Outcome.VERIFIER_ERROR):
         traj.outcome = verdict.outcome
     elif verdict.passed:

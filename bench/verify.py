@@ -1,0 +1,71 @@
+"""Verifier benchmarks, side by side in one run: hidden-test verification latency p50/p95 per
+task on bwrap and docker, and 100 tasks verified 8 at a time vs one at a time (2 cores).
+
+    python bench/verify.py [--tasks 100] [--out runs/bench/verify.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from toolgym.sandbox import SandboxConfig
+from toolgym.sandbox.docker_backend import remover
+from toolgym.tasks import builtin_suite
+from toolgym.verifiers import FinalState, HiddenTestVerifier, Outcome
+
+
+def oracle_state(task) -> FinalState:
+    call = task.oracle[0]
+    return FinalState(changes={call.arguments["path"]: call.arguments["content"]})
+
+
+def run(backend: str, tasks: list, workers: int) -> dict:
+    verifier = HiddenTestVerifier(SandboxConfig(backend=backend))
+    latencies: list[float] = []
+
+    def one(task):
+        t = time.perf_counter()
+        verdict = verifier.verify(task, oracle_state(task))
+        latencies.append(time.perf_counter() - t)
+        return verdict.outcome
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = list(pool.map(one, tasks))
+    wall = time.perf_counter() - start
+    lat = np.array(latencies) * 1000
+    return {"workers": workers, "tasks": len(tasks), "wall_s": wall, "tasks_per_s": len(tasks) / wall,
+            "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
+            "passed": sum(o == Outcome.PASSED for o in outcomes)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=100)
+    parser.add_argument("--out", default="runs/bench/verify.json")
+    args = parser.parse_args()
+    tasks = builtin_suite("code-repair").tasks[: args.tasks]
+    out = {}
+    for backend in ("bwrap", "docker"):
+        seq = run(backend, tasks, 1)
+        par = run(backend, tasks, 8)
+        out[backend] = {"sequential": seq, "parallel_8": par, "speedup": seq["wall_s"] / par["wall_s"]}
+        print(f"{backend:6} one at a time: p50 {seq['p50_ms']:.0f} ms, p95 {seq['p95_ms']:.0f} ms, "
+              f"{seq['wall_s']:.1f} s for {seq['tasks']} tasks ({seq['passed']} passed) | 8 in parallel: "
+              f"{par['wall_s']:.1f} s (p50 {par['p50_ms']:.0f} ms, {par['passed']} passed) | "
+              f"ratio {out[backend]['speedup']:.2f}x")
+    remover().drain()
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
