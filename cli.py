@@ -332,21 +332,27 @@ def build_tiny(out: Optional[Path] = typer.Option(None, help="directory (default
 def demo(out: Path = typer.Option(Path("runs/demo"), help="output directory"),
          tasks_: int = typer.Option(40, "--tasks", help="held-out tasks per evaluation")) -> None:
     """The main job on the embedded defaults: evaluate the oracle and the untrained tiny policy on
-    the records held-out split; reports in OUT/oracle and OUT/tiny."""
+    the records held-out split, then the oracle on sandboxed shell-ops tasks in the local bwrap
+    sandbox with the hidden state checker; reports in OUT/oracle, OUT/tiny and OUT/shell-ops."""
     from toolgym.harness.eval_run import run_eval
     from toolgym.harness.policy import SamplingParams
     from toolgym.harness.rollout import RolloutLimits
 
     suite = load_suite("records")
-    console.print("[bold]1/2[/] oracle policy (an upper bound: every task must pass)")
+    console.print("[bold]1/3[/] oracle policy (an upper bound: every task must pass)")
     report, paths = run_eval("oracle", suite, "held-out", 1, [1], tasks_, 16, 0, out / "oracle")
     _print_report(report)
-    console.print("[bold]2/2[/] untrained tiny policy (a lower bound: near 0, mostly format errors)")
+    console.print("[bold]2/3[/] untrained tiny policy (a lower bound: near 0, mostly format errors)")
     report, paths = run_eval("tiny", suite, "held-out", 4, [1, 4], tasks_, 32, 0, out / "tiny",
                              RolloutLimits(max_turns=4, max_new_tokens_per_turn=48),
                              SamplingParams(max_new_tokens=48, temperature=1.0))
     _print_report(report)
-    console.print(f"reports: {out / 'oracle' / 'report.md'}, {paths['markdown']}")
+    tiny_md = paths["markdown"]
+    console.print("[bold]3/3[/] oracle on sandboxed shell-ops tasks (bwrap sandbox, hidden state checker)")
+    report, paths = run_eval("oracle", load_suite("shell-ops"), "held-out", 1, [1], min(tasks_, 16), 4, 0,
+                             out / "shell-ops")
+    _print_report(report)
+    console.print(f"reports: {out / 'oracle' / 'report.md'}, {tiny_md}, {paths['markdown']}")
 
 
 def main() -> None:

@@ -158,6 +158,15 @@ class Sandbox(abc.ABC):
     def pristine_files(self) -> dict[str, Any]:
         """The pristine workspace tree."""
 
+    def _snapshot_path(self, snapshot_id: str) -> Any:
+        """The saved snapshot for `snapshot_id`, or `SandboxError` (shared by the backends)."""
+        if getattr(self, "closed", False):
+            raise SandboxError("sandbox is closed")
+        snapshots = getattr(self, "_snapshots", {})
+        if snapshot_id not in snapshots:
+            raise SandboxError(f"no snapshot {snapshot_id!r}")
+        return snapshots[snapshot_id]
+
     def events(self) -> list[SideEffect]:
         """Side effects recorded since the last reset."""
         return list(self.ledger.events)

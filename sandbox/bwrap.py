@@ -461,11 +461,9 @@ class BwrapSandbox(Sandbox):
 
     def restore(self, snapshot_id: str) -> None:
         """Make a snapshot the current workspace (upper layers dropped)."""
-        self._check_open()
-        if snapshot_id not in self._snapshots:
-            raise SandboxError(f"no snapshot {snapshot_id!r}")
+        snapshot = self._snapshot_path(snapshot_id)
         self.kill_all()
-        self.lower = self._snapshots[snapshot_id]
+        self.lower = snapshot
         for name in ("upper", "work"):
             fs.empty_dir(self.state / name)
 

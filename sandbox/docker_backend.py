@@ -497,11 +497,9 @@ class DockerSandbox(Sandbox):
 
     def restore(self, snapshot_id: str) -> None:
         """Return the workspace to a snapshot (processes killed first)."""
-        self._check_open()
-        if snapshot_id not in self._snapshots:
-            raise SandboxError(f"no snapshot {snapshot_id!r}")
+        snapshot = self._snapshot_path(snapshot_id)
         self._kill_inside()
-        self._restore_dir(self._snapshots[snapshot_id])
+        self._restore_dir(snapshot)
 
     def close(self, wait: bool = False) -> None:
         """Hand the container to the background remover and delete host directories."""
