@@ -64,6 +64,17 @@ def process_start(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _exit_code(api, exec_id: str, wait_s: float = 5.0) -> int | None:
+    """An exec's exit code. dockerd can close the output stream a moment before it marks the
+    exec finished (ExitCode still None), so wait for `Running` to turn false."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        info = api.exec_inspect(exec_id)
+        if not info.get("Running") or time.monotonic() > deadline:
+            return info.get("ExitCode")
+        time.sleep(0.005)
+
+
 def _call(fn, *args, **kwargs):
     with _DAEMON_CALLS:
         return fn(*args, **kwargs)
@@ -301,7 +312,7 @@ class DockerSandbox(Sandbox):
         ex = _call(api.exec_create, self.slot.container.id, argv, user=f"{SANDBOX_UID}:{SANDBOX_UID}",
                    workdir=workdir, environment=env)
         out = _call(api.exec_start, ex["Id"])
-        code = api.exec_inspect(ex["Id"]).get("ExitCode")
+        code = _exit_code(api, ex["Id"])
         return (code if code is not None else -1), out.decode("utf-8", errors="replace")
 
     def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
@@ -357,8 +368,7 @@ class DockerSandbox(Sandbox):
                 deadline = time.monotonic() + 10
             elif state["timed_out"] and time.monotonic() > deadline:
                 break
-        info = api.exec_inspect(ex["Id"])
-        code = info.get("ExitCode")
+        code = _exit_code(api, ex["Id"])
         code = 137 if code is None else code
         duration = time.perf_counter() - start
         timed_out = state["timed_out"] or (code in (124, 137) and duration >= timeout - 0.05)
