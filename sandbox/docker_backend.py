@@ -85,17 +85,19 @@ def reap(c=None) -> int:
     c = c or client()
     removed = 0
     host = socket.gethostname()
-    for container in _call(c.containers.list, all=True, filters={"label": LABEL}):
-        labels = container.labels
+    # The low-level list returns labels directly: the high-level one inspects each container and
+    # fails if one disappears in between (another process removing its own).
+    for info in _call(c.api.containers, all=True, filters={"label": LABEL}):
+        labels = info.get("Labels") or {}
         pid = int(labels.get("toolgym.pid", "0") or 0)
         alive = (labels.get("toolgym.host") == host and pid > 0
                  and process_start(pid) == labels.get("toolgym.start", ""))  # pids get reused
         if alive:
             continue
         try:
-            _call(container.remove, force=True)
+            _call(c.api.remove_container, info["Id"], force=True)
             removed += 1
-        except Exception:
+        except Exception:  # already gone
             pass
         state = labels.get("toolgym.state")
         if state and state.startswith(tempfile.gettempdir()) and "toolgym-docker-" in state:
