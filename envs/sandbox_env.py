@@ -14,7 +14,6 @@ from typing import Any, Callable, ClassVar
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.tools import ToolError, tool
 from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, make_sandbox
-from toolgym.sandbox.ledger import EffectKind
 from toolgym.tasks import Task
 
 
@@ -211,4 +210,4 @@ class SandboxEnv(ToolEnv):
         return float(grader(self.task, self.final_state(), self.sandbox_config_for(self.task)))
 
 
-__all__ = ["EffectKind", "SandboxEnv"]
+__all__ = ["SandboxEnv"]

@@ -26,7 +26,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from toolgym.sandbox import fs
 from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,

@@ -7,7 +7,6 @@ process, when the first sandbox is made, so a crashed run never poisons the next
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from pathlib import Path

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Protocol
+from typing import Protocol
 
 from toolgym.tasks.suite import HELDOUT, TRAIN, TaskSuite
 from toolgym.tasks.task import Task
@@ -73,5 +73,3 @@ def builtin_suite(name: str, train_size: int | None = None, heldout_size: int | 
     tasks = generate(name, TRAIN, 0, n_train) + generate(name, HELDOUT, 0, n_held)
     return TaskSuite(name, tasks, spec.version)
 
-
-GeneratorFn = Callable[[int, int, str], Task]
