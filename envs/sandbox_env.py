@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.tools import ToolError, tool
 from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, make_sandbox
+from toolgym.sandbox.fs import diff_trees
 from toolgym.tasks import Task
 
 
@@ -86,8 +87,8 @@ class SandboxEnv(ToolEnv):
         changes: dict[str, str | None] = {}
         modes: dict[str, int] = {}
         if self.sandbox is not None:
-            files = self.sandbox.files()
-            for rel, what in self.sandbox.diff().items():
+            files = self.sandbox.files()  # read the tree once; diff() would read it again
+            for rel, what in diff_trees(self.sandbox.pristine_files(), files).items():
                 entry = files.get(rel)
                 if entry is not None and entry.kind == "file":
                     modes[rel] = entry.mode

@@ -425,10 +425,10 @@ class DockerSandbox(Sandbox):
             events.write_text("")
             os.chown(events, SANDBOX_UID, SANDBOX_UID)
         check_output(led, self.canary_token, result.stdout, result.stderr)
-        changes = []
-        for rel, what in fs.diff_trees(self._pristine_tree, fs.read_tree(self.ws)).items():
-            changes.append((rel, "delete" if what == "deleted" else "write"))
-        for rel, entry in fs.read_tree(self.ws).items():
+        current = fs.read_tree(self.ws)  # one read per exec: this runs after every command
+        changes = [(rel, "delete" if what == "deleted" else "write")
+                   for rel, what in fs.diff_trees(self._pristine_tree, current).items()]
+        for rel, entry in current.items():
             if entry.kind == "file" and entry.mode & 0o6000:
                 changes.append((rel, "setuid"))
         record_workspace_changes(led, changes, set(self._pristine_tree), self.config.protected)
