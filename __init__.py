@@ -8,7 +8,7 @@ Subpackages (data flows down this list): `tasks`, `sandbox` -> `envs`, `verifier
 -> `trainers`.
 """
 
-from toolgym.envs import SandboxEnv, ToolEnv, ToolError, make, register_env, registered, tool
+from toolgym.envs import InfraError, SandboxEnv, ToolEnv, ToolError, make, register_env, registered, tool
 from toolgym.tasks import Task, TaskSuite, ToolCall
 from toolgym.verifiers import grade_final_state
 
@@ -17,4 +17,4 @@ from toolgym.verifiers import grade_final_state
 SandboxEnv.default_grader = staticmethod(grade_final_state)
 
 __version__ = "0.1.0"
-__all__ = ["SandboxEnv", "Task", "TaskSuite", "ToolCall", "ToolEnv", "ToolError", "make", "register_env", "registered", "tool"]
+__all__ = ["InfraError", "SandboxEnv", "Task", "TaskSuite", "ToolCall", "ToolEnv", "ToolError", "make", "register_env", "registered", "tool"]

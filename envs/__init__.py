@@ -8,11 +8,11 @@ from toolgym.envs.parsing import ERROR_CLASSES, CallError, ParsedAction, coerce_
 from toolgym.envs.registry import EnvInfo, full_id, import_source, make, register_env, registered
 from toolgym.envs.sandbox_env import SandboxEnv
 from toolgym.envs.spaces import TextSpace
-from toolgym.envs.tools import ToolArgumentError, ToolDefinitionError, ToolError, ToolSpec, tool
+from toolgym.envs.tools import InfraError, ToolArgumentError, ToolDefinitionError, ToolError, ToolSpec, tool
 from toolgym.envs import families  # noqa: F401,E402  (registers the built-in environments)
 
 __all__ = [
     "ERROR_CLASSES", "CallError", "SandboxEnv", "EnvInfo", "ParsedAction", "TextSpace", "ToolArgumentError",
-    "ToolDefinitionError", "ToolEnv", "ToolError", "ToolSpec", "coerce_action", "full_id",
+    "InfraError", "ToolDefinitionError", "ToolEnv", "ToolError", "ToolSpec", "coerce_action", "full_id",
     "import_source", "make", "parse_tool_calls", "register_env", "registered", "tool",
 ]

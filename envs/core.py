@@ -18,7 +18,7 @@ import gymnasium as gym
 
 from toolgym.envs.parsing import ERROR_CLASSES, CallError, coerce_action
 from toolgym.envs.spaces import TextSpace
-from toolgym.envs.tools import ToolArgumentError, ToolError, ToolSpec, collect_tools
+from toolgym.envs.tools import InfraError, ToolArgumentError, ToolError, ToolSpec, collect_tools
 from toolgym.tasks import Task, TaskSuite, ToolCall, answers_match
 
 
@@ -119,7 +119,11 @@ class ToolEnv(gym.Env[str, Any]):
         return [spec.schema for spec in self._tools.values()]
 
     def call_tool(self, call: ToolCall) -> tuple[str, CallError | None]:
-        """Validate and run one call; returns (observation text, error or None). Never raises."""
+        """Validate and run one call; returns (observation text, error or None).
+
+        The agent's mistakes (unknown tool, bad arguments, a `ToolError`) become observations.
+        Failures of ours (`InfraError`, or any other exception: a bug in the tool) raise
+        `InfraError`: they must not be shown to the agent or graded as its failure."""
         spec = self._tools.get(call.name)
         if spec is None:
             known = ", ".join(self._tools)
@@ -132,8 +136,10 @@ class ToolEnv(gym.Env[str, Any]):
             result = getattr(self, spec.method)(**args)
         except ToolError as err:
             return "", CallError("tool_error", f"`{call.name}` failed: {err}", call)
-        except Exception as err:  # a bug in the tool must not kill the episode
-            return "", CallError("tool_error", f"`{call.name}` raised {type(err).__name__}: {err}", call)
+        except InfraError:
+            raise
+        except Exception as err:  # a bug of ours in the tool: infrastructure, not the agent
+            raise InfraError(f"tool `{call.name}` raised {type(err).__name__}: {err}") from err
         if spec.final:
             self.done = True
         return ("" if result is None else str(result)), None

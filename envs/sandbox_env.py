@@ -12,10 +12,16 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar
 
 from toolgym.envs.core import ToolEnv
-from toolgym.envs.tools import ToolError, tool
-from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, make_sandbox
+from toolgym.envs.tools import InfraError, ToolError, tool
+from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, SandboxInfraError, make_sandbox
 from toolgym.sandbox.fs import diff_trees
 from toolgym.tasks import Task
+
+
+def _tool_error(err: SandboxError) -> Exception:
+    """The agent's mistake (a bad path, a missing file) becomes a tool error it sees; the
+    sandbox's own failure becomes `InfraError`, which it never sees."""
+    return InfraError(str(err)) if isinstance(err, SandboxInfraError) else ToolError(str(err))
 
 
 class SandboxEnv(ToolEnv):
@@ -49,15 +55,30 @@ class SandboxEnv(ToolEnv):
         return self.sandbox_config.model_copy(update={"protected": protected})
 
     def load_task(self, task: Task) -> None:
-        """Reuse the sandbox (reset) for the same task; build a new one for another task."""
+        """Reuse the sandbox (reset) for the same task; build a new one for another task, or
+        when `reset()` cannot bring the old one back to a working pristine state (said in
+        `self.sandbox_replaced`, and in the episode's info)."""
+        self.sandbox_replaced = None
         if self.sandbox is not None and self._sandbox_task == task.id:
-            self.sandbox.reset()
-        else:
-            if self.sandbox is not None:
-                self.sandbox.close()
+            try:
+                self.sandbox.reset()
+                self._reported = 0
+                return
+            except SandboxError as err:
+                self.sandbox_replaced = f"reset failed ({err}); the sandbox was replaced"
+        if self.sandbox is not None:
+            self.sandbox.close()
+        try:
             self.sandbox = make_sandbox(dict(task.workspace), self.sandbox_config_for(task))
-            self._sandbox_task = task.id
+        except SandboxError as err:
+            self.sandbox = None
+            raise InfraError(f"cannot start a sandbox: {err}") from err
+        self._sandbox_task = task.id
         self._reported = 0
+
+    def episode_info(self) -> dict[str, Any]:
+        """Adds `sandbox_replaced` when a broken sandbox had to be replaced at reset."""
+        return {"sandbox_replaced": self.sandbox_replaced} if getattr(self, "sandbox_replaced", None) else {}
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """`ToolEnv.step`, plus side effects and the safety policy."""
@@ -97,8 +118,8 @@ class SandboxEnv(ToolEnv):
                 if what == "deleted":
                     changes[rel] = None
                 elif entry is not None and entry.kind == "file":
-                    try:
-                        changes[rel] = self.sandbox.read_file(rel)
+                    try:  # read on the host's side: no command inside, nothing it can forge
+                        changes[rel] = self.sandbox.read_host_bytes(rel).decode("utf-8", errors="replace")
                     except SandboxError:
                         pass
         return {"answer": self.submitted, "changes": changes, "modes": modes,
@@ -118,7 +139,7 @@ class SandboxEnv(ToolEnv):
 
     def _box(self) -> Sandbox:
         if self.sandbox is None:
-            raise ToolError("no sandbox: call reset() first")
+            raise InfraError("no sandbox: reset() was not called or could not start one")
         return self.sandbox
 
     def _clip(self, text: str) -> str:
@@ -136,7 +157,10 @@ class SandboxEnv(ToolEnv):
             command: the command line, run with /bin/sh -c in /workspace
             timeout: seconds before the command is killed (at most 120)
         """
-        res = self._box().exec(command, timeout_s=float(max(1, min(timeout, 120))))
+        try:
+            res = self._box().exec(command, timeout_s=float(max(1, min(timeout, 120))))
+        except SandboxError as err:
+            raise _tool_error(err) from None
         parts = [f"exit code {res.exit_code}" + (" (timed out)" if res.timed_out else "")
                  + (f" ({res.limit_hit} limit hit)" if res.limit_hit else "")]
         if res.stdout:
@@ -157,7 +181,7 @@ class SandboxEnv(ToolEnv):
         try:
             return self._clip(self._box().read_file(path))
         except SandboxError as err:
-            raise ToolError(str(err)) from None
+            raise _tool_error(err) from None
 
     @tool
     def write_file(self, path: str, content: str) -> str:
@@ -170,7 +194,7 @@ class SandboxEnv(ToolEnv):
         try:
             self._box().write_file(path, content)
         except SandboxError as err:
-            raise ToolError(str(err)) from None
+            raise _tool_error(err) from None
         return f"wrote {len(content)} characters to {path}"
 
     @tool
@@ -185,7 +209,7 @@ class SandboxEnv(ToolEnv):
         try:
             text = self._box().read_file(path)
         except SandboxError as err:
-            raise ToolError(str(err)) from None
+            raise _tool_error(err) from None
         count = text.count(old) if old else 0
         if count == 0:
             raise ToolError(f"`old` was not found in {path}; read the file and copy the text exactly")
@@ -194,7 +218,7 @@ class SandboxEnv(ToolEnv):
         try:
             self._box().write_file(path, text.replace(old, new, 1))
         except SandboxError as err:
-            raise ToolError(str(err)) from None
+            raise _tool_error(err) from None
         return f"edited {path}"
 
     @tool(final=True)

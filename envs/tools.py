@@ -36,6 +36,15 @@ class ToolError(Exception):
     """Raise inside a tool for an expected failure; the message becomes the observation."""
 
 
+class InfraError(RuntimeError):
+    """The environment's own machinery failed (a sandbox died, cannot start or is exhausted, a
+    helper is missing, a daemon call failed, a bug in a tool): not the agent's doing.
+
+    It is never shown to the agent: it leaves `step`, and the rollout runner ends the episode
+    with outcome `infra_error`, which pass@k and training leave out.
+    """
+
+
 def tool(fn: Callable | None = None, *, name: str | None = None, final: bool = False):
     """Mark a method as a tool. `final=True` tools end the episode (answer/submit).
 

@@ -121,7 +121,7 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
         traj.turns.append(record)
         traj.tool_calls = info["tool_calls"]
         traj.tool_errors = {k: v for k, v in info["errors"].items() if v}
-        traj.side_effects = list(info.get("side_effects", []))
+        traj.side_effects += info.get("side_effects", [])  # each step reports its new events only
         turn += 1
         if terminated or truncated:
             break
@@ -138,7 +138,12 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
 
 async def _grade(env: ToolEnv, task: Task, traj: Trajectory, verifier: Any, terminated: bool, valid_calls: int) -> None:
     try:
-        state = FinalState(**env.final_state()) if hasattr(env, "final_state") else FinalState()
+        state = FinalState(**await asyncio.to_thread(env.final_state))
+    except Exception as err:  # the environment could not hand over its state: ours, not the agent's
+        traj.outcome, traj.error = Outcome.INFRA_ERROR, f"{type(err).__name__}: {err}"
+        traj.reward = 0.0
+        return
+    try:
         grader = verifier or verifier_for(task, getattr(env, "sandbox_config", None))
         verdict: Verdict = await asyncio.to_thread(grader.verify, task, state)
     except Exception as err:  # the verifier's failure, never the agent's

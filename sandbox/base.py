@@ -23,6 +23,11 @@ class SandboxError(RuntimeError):
     """The sandbox could not do what was asked (backend missing, daemon down, bad path)."""
 
 
+class SandboxInfraError(SandboxError):
+    """The sandbox itself failed: it died, could not start a command, is exhausted, or a helper
+    or daemon call failed. Never the agent's doing (an agent's failing command is an ExecResult)."""
+
+
 class SandboxUnavailable(SandboxError):
     """A backend cannot run on this machine; the message says what is missing and how to fix it."""
 
@@ -115,6 +120,11 @@ class Sandbox(abc.ABC):
         """Write several workspace files (backends may do it in one round trip)."""
         for path, text in files.items():
             self.write_file(path, text)
+
+    @abc.abstractmethod
+    def read_host_bytes(self, path: str) -> bytes:
+        """A workspace file's bytes read from the host's side of the filesystem, never through a
+        command run inside (graders read reports this way: nothing inside can forge the read)."""
 
     @abc.abstractmethod
     def files(self) -> dict[str, Any]:

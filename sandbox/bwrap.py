@@ -1,9 +1,10 @@
 """The default backend: bubblewrap + overlayfs. No daemon; reset is milliseconds.
 
 Layout inside the sandbox (all namespaces unshared, no network, uid 1000):
-  /usr /etc /opt /var ...  overlays on the root filesystem (the host's, or an unpacked image):
-                           the host is never modified, and writes land in a per-sandbox upper
-                           layer that the ledger scans and `reset()` drops
+  /usr /etc /opt /var ...  the root filesystem (the host's, or an unpacked image), bound
+                           READ-ONLY: no binary or library outside the workspace can be replaced
+                           during an episode or during grading; write attempts fail and the
+                           observation shim records them
   /workspace               overlay on the pristine task workspace
   /root                    overlay holding a planted canary secret (~/.aws/credentials)
   /tmp                     a per-sandbox scratch directory
@@ -29,16 +30,16 @@ from pathlib import Path
 
 from toolgym.sandbox import fs
 from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxUnavailable, workspace_rel)
+                                  SandboxInfraError, SandboxUnavailable, workspace_rel)
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
-                                     record_outside_changes, record_workspace_changes)
+                                     record_workspace_changes)
 
 SANDBOX_UID = 1000
-ROOT_OVERLAY_DIRS = ("usr", "etc", "opt", "var", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+ROOT_DIRS = ("usr", "etc", "opt", "var", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
 #: Host directories hidden behind an empty tmpfs (other sandboxes' and containers' files).
 HIDDEN_DIRS = ("/var/lib/docker", "/var/lib/containerd", "/var/log")
@@ -62,25 +63,6 @@ def find_bwrap() -> str:
 
 
 _PROBED: dict[str, str | None] = {}
-_OVERLAY_OK: dict[tuple[str, str], bool] = {}
-
-
-def _overlay_works(bwrap: str, lower: Path) -> bool:
-    """Can bwrap mount an overlay on `lower` here? (Cached; some dirs hold nested overlay mounts.)"""
-    key = (bwrap, str(lower))
-    if key not in _OVERLAY_OK:
-        tmp = Path(tempfile.mkdtemp(prefix=f"toolgym-probe-{os.getpid()}-"))
-        try:
-            (tmp / "u").mkdir()
-            (tmp / "w").mkdir()
-            proc = subprocess.run([bwrap, "--unshare-user", "--ro-bind", "/", "/", "--overlay-src", str(lower),
-                                   "--overlay", str(tmp / "u"), str(tmp / "w"), "/mnt", "true"], capture_output=True)
-            _OVERLAY_OK[key] = proc.returncode == 0
-        finally:
-            fs.remove_tree(tmp)
-    return _OVERLAY_OK[key]
-
-
 def probe_userns(bwrap: str) -> None:
     """Raise `SandboxUnavailable` with the fix if user namespaces are blocked here."""
     if bwrap in _PROBED:
@@ -189,6 +171,24 @@ def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, k
     return res
 
 
+def _read_status(fd: int) -> bool:
+    """Drain the start pipe; True if the in-sandbox wrapper reported that it started."""
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return data.startswith(b"started")
+
+
 class BwrapSandbox(Sandbox):
     """A bubblewrap sandbox over a task workspace (see the module docstring)."""
 
@@ -219,21 +219,16 @@ class BwrapSandbox(Sandbox):
         self.wrapper = wrapper_script()
         self.limits = self.config.limits
         self.cgroup = CgroupLimiter.create(self.limits.memory_mb, self.limits.pids, self.limits.cpus)
-        dirs = [d for d in ROOT_OVERLAY_DIRS if (self.rootfs / d).is_dir() and not (self.rootfs / d).is_symlink()]
-        self._mounts = [d for d in dirs if _overlay_works(self.bwrap, self.rootfs / d)]
-        self._ro_binds = [d for d in dirs if d not in self._mounts]
-        self._links = [d for d in ROOT_OVERLAY_DIRS if (self.rootfs / d).is_symlink()]
+        self._ro_binds = [d for d in ROOT_DIRS if (self.rootfs / d).is_dir() and not (self.rootfs / d).is_symlink()]
+        self._links = [d for d in ROOT_DIRS if (self.rootfs / d).is_symlink()]
         self._snapshots: dict[str, Path] = {}
         self._fresh_layers()
 
     # ---- layers ------------------------------------------------------------------------------------
 
     def _fresh_layers(self) -> None:
-        for name in ("upper", "work", "root_upper", "root_work", "tmp", "log"):
+        for name in ("upper", "work", "tmp", "log"):
             fs.empty_dir(self.state / name)
-        for d in self._mounts:
-            (self.state / "root_upper" / d).mkdir()
-            (self.state / "root_work" / d).mkdir()
         os.chmod(self.state / "tmp", 0o1777)
         (self.state / "log" / "events").write_text("")
 
@@ -241,10 +236,7 @@ class BwrapSandbox(Sandbox):
         s = self.state
         args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(SANDBOX_UID),
                 "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
-        for d in self._mounts:
-            args += ["--overlay-src", str(self.rootfs / d), "--overlay", str(s / "root_upper" / d),
-                     str(s / "root_work" / d), f"/{d}"]
-        for d in self._ro_binds:  # overlay refused (e.g. nested overlay mounts): read-only, writes fail
+        for d in self._ro_binds:  # read-only: writes fail (EROFS) and the shim records the attempt
             args += ["--ro-bind", str(self.rootfs / d), f"/{d}"]
         for d in self._links:
             args += ["--symlink", os.readlink(self.rootfs / d), f"/{d}"]
@@ -282,12 +274,15 @@ class BwrapSandbox(Sandbox):
             flags += [f"-v {lim.memory_mb << 10}", f"-u {mine + lim.pids}"]
         return ",".join(flags)
 
-    def _spawn(self, args: list[str], with_stdin: bool) -> subprocess.Popen:
+    def _spawn(self, args: list[str], with_stdin: bool, status_fd: int) -> subprocess.Popen:
         def start(argv: list[str]) -> subprocess.Popen:
             # bwrap's own environment is visible inside as /proc/1/environ: give it none of ours.
-            return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                    env={"PATH": PATH})
+            try:
+                return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                        env={"PATH": PATH}, pass_fds=(status_fd,))
+            except OSError as err:
+                raise SandboxInfraError(f"cannot start bwrap: {err}") from None
 
         if self.cgroup is None:
             return start(args)
@@ -302,18 +297,18 @@ class BwrapSandbox(Sandbox):
 
     @property
     def capabilities(self) -> Capabilities:
-        """bwrap: overlay reset, root writes observed; cgroups where writable."""
-        notes = []
+        """bwrap: overlay reset of the workspace, read-only root; cgroups where writable."""
+        notes = ["root filesystem is read-only: outside writes fail and are seen by the observation shim"]
         if self.shim is None:
             notes.append("no C compiler: the observation shim is off (network/privilege attempts seen less)")
         if self.cgroup is None:
             notes.append("cgroups not writable: limits enforced with rlimits")
         return Capabilities(backend="bwrap", cgroups=self.cgroup is not None, overlay_reset=True,
-                            root_writes_observed=True, persistent_processes=False, notes=notes)
+                            root_writes_observed=False, persistent_processes=False, notes=notes)
 
     def _check_open(self) -> None:
         if self.closed or getattr(self, "closing", False):
-            raise SandboxError("sandbox is closed")
+            raise SandboxInfraError("sandbox is closed")
 
     def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
              stdin: str | None = None) -> ExecResult:
@@ -321,9 +316,20 @@ class BwrapSandbox(Sandbox):
         self._check_open()
         timeout = timeout_s or self.limits.timeout_s
         counters = self.cgroup.counters() if self.cgroup else {}
-        args = self._args(cwd, env) + ["--", "/bin/sh", "/.toolgym-wrapper.sh", cmd]
+        # The wrapper writes "started" on this pipe before the command runs: a run without it
+        # failed while the sandbox was being set up (ours, not the agent's doing). The command
+        # runs after the mark, so it can never suppress it.
+        status_r, status_w = os.pipe()
+        args = self._args(cwd, {**(env or {}), "TOOLGYM_STARTED_FD": str(status_w)}) + [
+            "--", "/bin/sh", "/.toolgym-wrapper.sh", cmd]
         start = time.perf_counter()
-        proc = self._spawn(args, stdin is not None)
+        try:
+            proc = self._spawn(args, stdin is not None, status_w)
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
         with self._lock:
             self._procs.add(proc)
         if stdin is not None:
@@ -335,8 +341,13 @@ class BwrapSandbox(Sandbox):
         got = collect(proc, timeout, self.limits.output_bytes, self.limits.output_kill_bytes,
                       lambda: self._kill_proc(proc))
         code = proc.wait()
+        started = _read_status(status_r)
         with self._lock:
             self._procs.discard(proc)
+        if self.closed or getattr(self, "closing", False):  # killed by close(): not the command's result
+            raise SandboxInfraError("sandbox is closed")
+        if not started:
+            raise SandboxInfraError(f"bwrap could not start the command: {got.err.decode(errors='replace').strip()[-300:]}")
         # bwrap's exit tears the pid namespace down (the kernel kills what is left); only a killed
         # exec needs the cgroup swept, which _kill_proc already did.
         result = ExecResult(exit_code=code if code >= 0 else 128 - code,
@@ -363,8 +374,6 @@ class BwrapSandbox(Sandbox):
         check_output(led, self.canary_token, result.stdout, result.stderr)
         record_workspace_changes(led, fs.upper_changes(self.state / "upper"), set(self._pristine_tree),
                                  self.config.protected)
-        for d in self._mounts:
-            record_outside_changes(led, f"/{d}", fs.upper_changes(self.state / "root_upper" / d))
         if self.cgroup is not None:
             after = self.cgroup.counters()
             if after.get("oom", 0) > before.get("oom", 0):
@@ -428,6 +437,21 @@ class BwrapSandbox(Sandbox):
     def pristine_files(self) -> dict[str, fs.Entry]:
         """The pristine workspace tree."""
         return dict(self._pristine_tree)
+
+    def read_host_bytes(self, path: str) -> bytes:
+        """A workspace file's bytes read on the host from the overlay layers, never through a
+        command inside the sandbox (nothing in the sandbox can change what is read)."""
+        self._check_open()
+        rel = workspace_rel(path)
+        entry = fs.merged_tree(self.lower, self.state / "upper").get(rel)
+        if entry is None or entry.kind != "file":
+            raise SandboxError(f"cannot read {path}: not a regular file in the workspace")
+        upper = self.state / "upper" / rel
+        layer = upper if os.path.lexists(upper) else self.lower / rel
+        try:
+            return fs.read_regular(layer)
+        except FileNotFoundError as err:
+            raise SandboxError(f"cannot read {path}: {err}") from None
 
     def kill_all(self) -> int:
         """Kill every running exec (its whole namespace) and anything left in the cgroup."""

@@ -1,6 +1,7 @@
 """The docker backend: the docker SDK against a real dockerd, hardened by default.
 
-Containers run `sleep infinity` as uid 1000 with no network, every capability dropped,
+Containers run a reaping init (pid 1: every orphan is reaped at once, so no zombie outlives a
+command) as uid 1000 with no network, every capability dropped,
 no-new-privileges, memory/CPU/pid limits, a read-only root, a tmpfs /tmp, and the task workspace
 bind-mounted from a host directory (so hashing, diffing and resetting it is host-side and fast).
 Containers carry labels (`toolgym.run`, `toolgym.episode`, `toolgym.pid`); `reap()` removes those
@@ -27,7 +28,7 @@ from typing import Any
 
 from toolgym.sandbox import fs
 from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxUnavailable, host_path, workspace_rel)
+                                  SandboxInfraError, SandboxUnavailable, host_path, workspace_rel)
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
@@ -64,20 +65,42 @@ def process_start(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+#: The container's pid 1: reaps every orphan as soon as it exits, so no zombie outlives a command
+#: (docker's `init=True` exits with its child, and `kill -9 -1` would take the container down).
+REAPER_INIT = """import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+    signal.sigwait({signal.SIGCHLD})
+"""
+
+
 def _exit_code(api, exec_id: str, wait_s: float = 5.0) -> int | None:
     """An exec's exit code. dockerd can close the output stream a moment before it marks the
     exec finished (ExitCode still None), so wait for `Running` to turn false."""
     deadline = time.monotonic() + wait_s
     while True:
-        info = api.exec_inspect(exec_id)
+        info = _call(api.exec_inspect, exec_id)
         if not info.get("Running") or time.monotonic() > deadline:
             return info.get("ExitCode")
         time.sleep(0.005)
 
 
 def _call(fn, *args, **kwargs):
+    """One daemon call, bounded in concurrency; a failing daemon is `SandboxInfraError`."""
+    import docker
+
     with _DAEMON_CALLS:
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except docker.errors.ImageNotFound:
+            raise
+        except (docker.errors.DockerException, OSError) as err:
+            raise SandboxInfraError(f"docker daemon call failed: {type(err).__name__}: {err}") from None
 
 
 def reap(c=None) -> int:
@@ -134,7 +157,7 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
               "toolgym.host": socket.gethostname(), "toolgym.state": str(state)}
     try:
         container = _call(
-            c.containers.run, config.image, command=["sleep", "infinity"], detach=True, network_mode="none",
+            c.containers.run, config.image, command=["python3", "-c", REAPER_INIT], detach=True, network_mode="none",
             cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{SANDBOX_UID}:{SANDBOX_UID}",
             mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", nano_cpus=int(lim.cpus * 1e9),
             pids_limit=lim.pids, read_only=True, tmpfs={"/tmp": "rw,size=64m,mode=1777"},
@@ -145,7 +168,7 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
 
         if isinstance(err, docker.errors.ImageNotFound):
             raise SandboxUnavailable(f"docker image {config.image!r} not found: run `toolgym sandbox build-image`") from None
-        raise SandboxError(f"cannot start a container: {err}") from None
+        raise SandboxInfraError(f"cannot start a container: {err}") from None
     return _Slot(container, state)
 
 
@@ -235,6 +258,20 @@ class WarmPool:
                 break
 
 
+#: Kill everything, clear /tmp, then wait (up to ~1 s) until only init and this shell remain.
+RESET_SCRIPT = """kill -9 -1 2>/dev/null; find /tmp -mindepth 1 -delete 2>/dev/null
+i=0
+while [ $i -lt 100 ]; do
+  n=0
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}; [ "$pid" = 1 ] || [ "$pid" = $$ ] || n=$((n + 1))
+  done
+  [ $n -eq 0 ] && exit 0
+  kill -9 -1 2>/dev/null; sleep 0.01; i=$((i + 1))
+done
+ls -d /proc/[0-9]* | tr '\\n' ' '; exit 1"""
+
+
 class DockerSandbox(Sandbox):
     """A hardened docker container over a task workspace (see the module docstring)."""
 
@@ -296,7 +333,7 @@ class DockerSandbox(Sandbox):
 
     def _check_open(self) -> None:
         if self.closed or getattr(self, "closing", False):
-            raise SandboxError("sandbox is closed")
+            raise SandboxInfraError("sandbox is closed")
 
     def _env(self, env: dict[str, str] | None, timeout: float) -> dict[str, str]:
         lim = self.limits
@@ -370,6 +407,8 @@ class DockerSandbox(Sandbox):
                 deadline = time.monotonic() + 10
             elif state["timed_out"] and time.monotonic() > deadline:
                 break
+        if self.closed:  # removed by close() mid-command: not the command's result
+            raise SandboxInfraError("sandbox is closed")
         code = _exit_code(api, ex["Id"])
         code = 137 if code is None else code
         duration = time.perf_counter() - start
@@ -459,6 +498,14 @@ class DockerSandbox(Sandbox):
         except (FileNotFoundError, IsADirectoryError) as err:
             raise SandboxError(f"cannot read {path}: {err.strerror}") from None
 
+    def read_host_bytes(self, path: str) -> bytes:
+        """A workspace file's bytes from the host-side bind directory (no symlink followed out)."""
+        self._check_open()
+        try:
+            return fs.read_regular(host_path(self.ws, workspace_rel(path)))
+        except FileNotFoundError as err:
+            raise SandboxError(f"cannot read {path}: {err}") from None
+
     def write_file(self, path: str, text: str) -> None:
         """Write a workspace file on the host, owned by the sandbox user."""
         self._check_open()
@@ -491,9 +538,14 @@ class DockerSandbox(Sandbox):
         return self._kill_inside()
 
     def reset(self) -> None:
-        """Kill everything, clear /tmp, restore the pristine workspace, clear the ledger."""
+        """Kill everything, clear /tmp, restore the pristine workspace, clear the ledger.
+
+        Proves that no process of the previous episode remains (zombies included): the check
+        counts every pid but the init's and its own; `SandboxInfraError` if any is left."""
         self._check_open()
-        self._raw_exec(["/bin/sh", "-c", "kill -9 -1 2>/dev/null; find /tmp -mindepth 1 -delete 2>/dev/null; true"])
+        code, out = self._raw_exec(["/bin/sh", "-c", RESET_SCRIPT])
+        if code != 0:
+            raise SandboxInfraError(f"reset left processes behind in the container: {out.strip()[-200:]}")
         self._restore_dir(self.pristine)
         (self.slot.state / "log" / "events").write_text("")
         self.ledger.clear()

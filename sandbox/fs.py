@@ -173,6 +173,19 @@ def diff_trees(before: dict[str, Entry], after: dict[str, Entry]) -> dict[str, s
     return out
 
 
+def read_regular(path: str | Path) -> bytes:
+    """Bytes of a regular file, refusing a symlink at the last component and anything not a
+    regular file (a FIFO would block the reader, a device would read the host)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        raise FileNotFoundError(f"{path}: {err.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise FileNotFoundError(f"{path}: not a regular file")
+        return f.read()
+
+
 def write_files(root: str | Path, files: dict[str, str], owner: tuple[int, int] | None = None) -> None:
     """Write a {relative path: text} mapping under `root` (parents created)."""
     root = Path(root)

@@ -11,6 +11,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+import threading
+import uuid
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -18,8 +20,26 @@ from pathlib import Path
 CACHE = Path(os.environ.get("TOOLGYM_CACHE", Path.home() / ".cache" / "toolgym")) / "native"
 
 
+#: One builder at a time per process; across processes every temporary name is unique and the
+#: result is published with an atomic rename, so a cold cache is safe under threads and processes.
+_BUILD_LOCK = threading.Lock()
+
+
 def _source(name: str) -> bytes:
     return resources.files("toolgym.sandbox").joinpath("_native", name).read_bytes()
+
+
+def _temp_name(path: Path) -> Path:
+    """A sibling of `path` no other thread or process will pick."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """Atomically move a finished `tmp` into place; if another builder won, keep theirs."""
+    try:
+        os.replace(tmp, path) if tmp.is_file() else os.rename(tmp, path)
+    except OSError:  # a directory that another process published first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @lru_cache(maxsize=1)
@@ -27,12 +47,13 @@ def wrapper_script() -> Path:
     """Path of the exec wrapper (a file the sandboxes bind read-only)."""
     data = _source("wrapper.sh")
     path = CACHE / f"wrapper-{hashlib.sha256(data).hexdigest()[:12]}.sh"
-    if not path.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+    with _BUILD_LOCK:
+        if not path.exists():
+            CACHE.mkdir(parents=True, exist_ok=True)
+            tmp = _temp_name(path)
+            tmp.write_bytes(data)
+            os.chmod(tmp, 0o755)
+            _publish(tmp, path)
     return path
 
 
@@ -49,19 +70,18 @@ def decoy_bin() -> Path:
     """
     tag = hashlib.sha256(",".join(DECOYS).encode()).hexdigest()[:12]
     path = CACHE / f"decoys-{tag}"
-    if not path.exists():
-        tmp = CACHE / f"decoys-{tag}.{os.getpid()}.tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        for name in DECOYS:
-            script = tmp / name
-            script.write_text(f'#!/bin/sh\necho "priv $$ {name}" >> "$TOOLGYM_LOG_DIR/events"\n'
-                              f'echo "{name}: permission denied" >&2\nexit 1\n')
-            os.chmod(script, 0o755)
-        os.chmod(tmp, 0o755)
-        try:
-            os.replace(tmp, path)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
+    with _BUILD_LOCK:
+        if not path.exists():
+            CACHE.mkdir(parents=True, exist_ok=True)
+            tmp = _temp_name(path)
+            tmp.mkdir()
+            for name in DECOYS:
+                script = tmp / name
+                script.write_text(f'#!/bin/sh\necho "priv $$ {name}" >> "$TOOLGYM_LOG_DIR/events"\n'
+                                  f'echo "{name}: permission denied" >&2\nexit 1\n')
+                os.chmod(script, 0o755)
+            os.chmod(tmp, 0o755)
+            _publish(tmp, path)
     return path
 
 
@@ -70,20 +90,22 @@ def observe_shim() -> Path | None:
     """Path of the compiled shim, or None when no C compiler is available."""
     data = _source("observe.c")
     path = CACHE / f"observe-{hashlib.sha256(data).hexdigest()[:12]}.so"
-    if path.exists():
-        return path
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None
-    CACHE.mkdir(parents=True, exist_ok=True)
-    src = CACHE / f"observe-{os.getpid()}.c"
-    src.write_bytes(data)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-w", "-o", str(tmp), str(src), "-ldl"],
-                          capture_output=True, text=True)
-    src.unlink(missing_ok=True)
-    if proc.returncode != 0:
-        return None
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, path)
+    with _BUILD_LOCK:
+        if path.exists():
+            return path
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            return None
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = _temp_name(path)
+        src = tmp.with_suffix(".c")
+        src.write_bytes(data)
+        proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-w", "-o", str(tmp), str(src), "-ldl"],
+                              capture_output=True, text=True)
+        src.unlink(missing_ok=True)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            return None
+        os.chmod(tmp, 0o755)
+        _publish(tmp, path)
     return path

@@ -78,18 +78,6 @@ def record_workspace_changes(ledger: Ledger, changes: list[tuple[str, str]], pri
                           path=f"/workspace/{rel}")
 
 
-def record_outside_changes(ledger: Ledger, mount: str, changes: list[tuple[str, str]]) -> None:
-    """Ledger events for changes an overlay recorded outside the workspace (e.g. under /etc)."""
-    for rel, what in changes:
-        path = f"{mount.rstrip('/')}/{rel}"
-        if what == "setuid":
-            ledger.record(EffectKind.PRIVILEGE_ATTEMPT, detail="setuid/setgid bit set", path=path)
-        elif what == "delete":
-            ledger.record(EffectKind.DELETE_OUTSIDE_WORKSPACE, detail="deleted outside the workspace", path=path)
-        else:
-            ledger.record(EffectKind.WRITE_OUTSIDE_WORKSPACE, detail=f"write: {path}", path=path)
-
-
 def is_protected(rel: str, protected: tuple[str, ...]) -> bool:
     """True if `rel` is, or is under, a protected path (or is `.git`)."""
     rel = rel.strip("/")

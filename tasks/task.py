@@ -31,12 +31,29 @@ class ToolCall(BaseModel):
         return f"<tool_call>\n{payload}\n</tool_call>"
 
 
+class Probe(BaseModel):
+    """One call into the agent's code made at grading time (hidden-test tasks).
+
+    `code` runs in a separate interpreter inside the agent's graded workspace and binds `result`
+    to builtin data (numbers, strings, lists, tuples, dicts, sets, None), e.g.
+    ``from src.core import median\nxs = [3, 1, 2]\nresult = [median(xs), xs]``. It holds inputs
+    only: expected values live in the hidden tests, which never run where agent code runs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    code: str
+
+
 class HiddenSpec(BaseModel):
     """What the verifier uses and the agent never sees.
 
     kind:
       - ``answer``: the submitted answer is compared with `answer` under `match`.
-      - ``tests``: `files` are hidden pytest files copied in after the episode; `command` runs them.
+      - ``tests``: `probes` run the agent's code and return plain data; `files` are hidden pytest
+        files that judge that data (`from toolgym_probes import probe, assert_same`) in a second,
+        clean sandbox. Agent code never runs in the process or filesystem that decides results.
       - ``state``: `files` hold a checker script run against the final workspace.
     """
 
@@ -47,6 +64,8 @@ class HiddenSpec(BaseModel):
     match: Literal["exact", "normalized", "numeric"] = "normalized"
     tolerance: float = 1e-6
     files: dict[str, str] = Field(default_factory=dict)
+    probes: tuple[Probe, ...] = ()
+    #: `state` tasks only: the checker command (default `python3 -I {checker}/check.py {results}`).
     command: str | None = None
     all_or_nothing: bool = True
     #: Workspace paths the agent must not change (visible tests, test config); edits are dropped

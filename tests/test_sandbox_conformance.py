@@ -31,13 +31,33 @@ def test_capabilities_are_declared(sandbox, backend):
     assert caps.backend == backend and caps.network_isolated
 
 
-def test_timeout_kills_the_whole_tree(sandbox):
-    start = time.perf_counter()
-    r = sandbox.exec("sleep 300 & sleep 301 & sleep 302", timeout_s=1)
-    assert r.timed_out and time.perf_counter() - start < 12
-    import subprocess
+def _processes_marked(token: str) -> list[str]:
+    """Host pids whose command line carries `token`: only processes this test started carry it."""
+    import os
 
-    assert subprocess.run(["pgrep", "-f", "sleep 30[012]"], capture_output=True).stdout == b""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_timeout_kills_the_whole_tree(sandbox):
+    import uuid
+
+    token = f"tg-tree-{uuid.uuid4().hex}"  # in the argv of every process of the tree, and nowhere else
+    start = time.perf_counter()
+    sleeper = f"python3 -c 'import time; time.sleep(300)' {token}"
+    r = sandbox.exec(f"{sleeper} & {sleeper} & ({sleeper} &) ; {sleeper}", timeout_s=1)
+    assert r.timed_out and time.perf_counter() - start < 12
+    deadline = time.monotonic() + 5
+    while _processes_marked(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_marked(token) == []
 
 
 def test_output_is_capped(sandbox):

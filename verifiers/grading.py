@@ -14,9 +14,11 @@ def _protected(path: str, task: Task) -> bool:
 
 
 def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxConfig,
-                    modes: dict[str, int] | None = None) -> tuple[Sandbox, list[str]]:
-    """A fresh sandbox from the pristine state with the agent's changes applied; returns it and
-    the protected paths whose changes were dropped."""
+                    modes: dict[str, int] | None = None,
+                    extra: dict[str, str] | None = None) -> tuple[Sandbox, list[str]]:
+    """A fresh sandbox from the pristine state with the agent's changes applied (and the
+    grader's own `extra` files, written in the same round trip); returns it and the protected
+    paths whose changes were dropped. Nothing of the agent's runs here until the grader says so."""
     keep, dropped = split_changes(changes, tuple(task.hidden.protected))
     box = make_sandbox(dict(task.workspace), config.model_copy(update={"canary": False}))
     try:
@@ -24,6 +26,7 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
         if deletes:
             box.exec("rm -rf -- " + " ".join(shlex.quote(p) for p in deletes))
         writes = {p: t for p, t in keep.items() if t is not None}
+        writes.update(extra or {})
         if writes:
             box.write_files(writes)
         chmods = [f"chmod {mode & 0o7777:o} -- {shlex.quote(p)}" for p, mode in (modes or {}).items()

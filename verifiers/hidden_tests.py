@@ -1,36 +1,51 @@
-"""`HiddenTestVerifier`: run hidden pytest tests against the agent's work in a clean sandbox.
+"""`HiddenTestVerifier`: hidden tests that agent code cannot reach.
 
-After the episode the agent's sandbox is gone; grading happens in a fresh sandbox built from the
-pristine task state plus the agent's changes to non-protected paths. The hidden tests are
-copied in only now (they never existed where the agent worked), pytest runs with the network
-off, a timeout, no conftest/ini of the agent's, and writes JUnit XML to a fresh, randomly named
-directory that the host reads after every process in the sandbox is dead. The result is not
-taken from stdout or the exit code.
+The principle: **the agent's code is data to the grader.** It runs only in a process and a
+filesystem that neither decide nor report the results. Grading has two stages:
 
-Forgery checks: a sentinel test that must fail is added to every run (a patched pytest that
-passes everything passes it too), every hidden test must appear in the report, and the hidden
-test files must be unchanged after the run.
+1. **Probes** (sandbox A: the pristine workspace plus the agent's non-protected changes). An
+   isolated interpreter (`python3 -I`: no workspace on the start-up path, no `PYTHON*`
+   variables, no user site) runs `probe_runner.py`, which executes each `Probe` of the task
+   against the agent's code and writes one JSON record per probe: the `repr` of a builtin value
+   of exact type, or the exception's name. The records come back over the exec's stdout pipe,
+   read by the host. Sandbox A never holds an expected value, so anything agent code prints or
+   forges there is no more than what the code under test could compute anyway.
+2. **Judge** (sandbox B: only the hidden pytest files, `toolgym_probes.py` and the records; no
+   agent file, no process that ran agent code). Real pytest runs isolated (`-I`, plugin
+   autoload off, our ini, no cache) and writes JUnit XML, which the host reads from the host's
+   side of the filesystem. Values are parsed with `ast.literal_eval`, so nothing from sandbox
+   A executes in the judge.
+
+Both sandboxes have a read-only root filesystem. A sentinel test that must fail and a count of
+the hidden tests guard against a judge that did not really run.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import secrets
-import shlex
+import threading
 import time
 import xml.etree.ElementTree as ET
+from importlib import resources
 from typing import Callable
 
-from toolgym.sandbox import SandboxConfig, SandboxError
+from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, make_sandbox
 from toolgym.tasks import Task
 from toolgym.verifiers.grading import grading_sandbox
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
-HIDDEN_DIR = "tests_hidden"
 SENTINEL = "test_toolgym_sentinel"
-_SPLIT = "=====toolgym-junit====="
-SENTINEL_FILE = f"{HIDDEN_DIR}/test_toolgym_sentinel.py"
+SENTINEL_FILE = "test_toolgym_sentinel.py"
 SENTINEL_CODE = f"def {SENTINEL}():\n    assert 1 == 2, 'this test must fail; if it passes, results were forged'\n"
+JUDGE_INI = "[pytest]\npythonpath = .\n"
+RESULTS_FILE = "probe_results.json"
+JUDGE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def grader_source(name: str) -> str:
+    """Text of one of the grader's own scripts (`verifiers/_grader/`)."""
+    return resources.files("toolgym.verifiers").joinpath("_grader", name).read_text()
 
 
 def parse_junit(xml_text: str) -> list[TestResult]:
@@ -46,93 +61,151 @@ def parse_junit(xml_text: str) -> list[TestResult]:
     return out
 
 
+def parse_probe_records(stdout: str) -> dict[str, dict]:
+    """{probe id: record} from the runner's JSON lines; the first well-formed record per id wins
+    and anything else on the stream is ignored."""
+    records: dict[str, dict] = {}
+    for line in stdout.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if (isinstance(rec, dict) and isinstance(rec.get("id"), str) and rec["id"] not in records
+                and (isinstance(rec.get("value"), str) or isinstance(rec.get("error"), str))):
+            records[rec["id"]] = {k: str(rec[k])[:100_000] for k in ("value", "error", "message") if k in rec}
+    return records
+
+
+def count_tests(files: dict[str, str]) -> int:
+    """Top-level `def test_...` functions in the hidden files."""
+    return sum(text.count("\ndef test_") + text.startswith("def test_") for text in files.values())
+
+
 class HiddenTestVerifier:
     """Grades `tests` tasks (see the module docstring); works on both sandbox backends."""
 
     name = "hidden-tests"
 
-    def __init__(self, config: SandboxConfig | None = None,
-                 on_sandbox: Callable | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, on_sandbox: Callable | None = None) -> None:
         self.config = config or SandboxConfig()
-        self.on_sandbox = on_sandbox  # test hook: sees the grading sandbox once it exists
+        self.on_sandbox = on_sandbox  # test hook: sees the probe sandbox once it exists
 
     def verify(self, task: Task, final_state: FinalState) -> Verdict:
         """Grade the agent's workspace changes against the task's hidden tests."""
         start = time.perf_counter()
         hidden = task.hidden
+        if not hidden.probes:
+            return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR, duration_s=0.0,
+                           reason=f"task {task.id} has hidden tests but no probes: hidden tests judge probe results "
+                                  "and never import the agent's code (see HiddenSpec)")
+        judge_box: dict[str, Sandbox | Exception] = {}
+        builder = threading.Thread(target=self._build_judge, args=(task, judge_box), daemon=True)
+        builder.start()  # the judge sandbox starts while the probes run
         try:
-            box, dropped = grading_sandbox(task, final_state.changes, self.config, final_state.modes)
+            outcome = self._run_probes(task, final_state)
+        finally:
+            builder.join()
+        tamper = outcome.pop("tamper")
+        box = judge_box.get("box")
+        if "error" in outcome or not isinstance(box, Sandbox):
+            if isinstance(box, Sandbox):
+                box.close()
+            reason = outcome.get("error") or f"could not build the judge sandbox: {judge_box.get('error')}"
+            return self._verdict(0.0, False, Outcome.INFRA_ERROR, [], reason, start, tamper)
+        try:
+            return self._judge(task, box, outcome, tamper, start)
+        finally:
+            box.close()
+
+    # ---- stage 1: probes in the agent's graded workspace ----------------------------------------
+
+    def _run_probes(self, task: Task, final_state: FinalState) -> dict:
+        hidden = task.hidden
+        probe_dir = f".toolgym-probe-{secrets.token_hex(6)}"
+        spec = {"per_probe_s": min(10.0, hidden.timeout_s / 2),
+                "probes": [p.model_dump() for p in hidden.probes]}
+        extra = {f"{probe_dir}/run.py": grader_source("probe_runner.py"), f"{probe_dir}/probes.json": json.dumps(spec)}
+        try:
+            box, dropped = grading_sandbox(task, final_state.changes, self.config, final_state.modes, extra)
         except (SandboxError, OSError) as err:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.INFRA_ERROR,
-                           reason=f"could not build the grading sandbox: {err}", duration_s=time.perf_counter() - start)
+            return {"error": f"could not build the grading sandbox: {err}", "tamper": []}
         tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped before grading"}
                   for p in dropped]
-        results_dir = f".toolgym-results-{secrets.token_hex(6)}"
         try:
             if self.on_sandbox:
                 self.on_sandbox(box)
-            files = {f"{HIDDEN_DIR}/{rel}": text for rel, text in hidden.files.items()}
-            files[SENTINEL_FILE] = SENTINEL_CODE
-            files[f"{HIDDEN_DIR}/pytest.ini"] = "[pytest]\n"
-            box.exec(f"rm -rf {HIDDEN_DIR} .toolgym-results-*")
-            box.write_files(files)
-            cmd = hidden.command or (
-                f"mkdir -p {results_dir} && PYTHONPATH=/workspace PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q "
-                f"-p no:cacheprovider --noconftest -c {HIDDEN_DIR}/pytest.ini --rootdir /workspace "
-                f"--junitxml={results_dir}/junit.xml {HIDDEN_DIR}")
-            cmd = cmd.replace("{results}", results_dir)
-            res = box.exec(cmd, timeout_s=hidden.timeout_s)
+            seen = len(box.events())
+            res = box.exec(f"python3 -I {probe_dir}/run.py {probe_dir}/probes.json", timeout_s=hidden.timeout_s)
             if getattr(box, "closed", False) or getattr(box, "closing", False):
                 raise SandboxError("the grading sandbox was closed during grading")
-            if res.timed_out:
-                return self._verdict(0.0, False, Outcome.TIMEOUT, [], f"hidden tests timed out after {hidden.timeout_s}s",
-                                     start, tamper)
-            # One read after every process of the run is dead: file hashes, then the report.
-            names = " ".join(shlex.quote(p) for p in sorted(files))
-            probe = box.exec(f"sha256sum -- {names}; echo {_SPLIT}; cat {results_dir}/junit.xml")
-            if getattr(box, "closed", False) or getattr(box, "closing", False):
-                raise SandboxError("the grading sandbox was closed during grading")
-            hashes_text, _, xml_text = probe.stdout.partition(_SPLIT + "\n")
-            after = {line.split()[-1]: line.split()[0] for line in hashes_text.splitlines() if line.strip()}
-            if not xml_text.strip():
-                return self._verdict(0.0, False, Outcome.FAILED, [], "no JUnit report: the test process died or exited "
-                                     f"early (exit code {res.exit_code}); {res.stdout[-300:]}", start, tamper)
+            # What the agent's code did while it was being graded is its side effect too.
+            tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"}
+                       for e in box.events()[seen:]]
         except SandboxError as err:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.INFRA_ERROR,
-                           reason=f"grading sandbox failed: {err}", duration_s=time.perf_counter() - start,
-                           details={"side_effects": tamper})
+            return {"error": f"grading sandbox failed: {err}", "tamper": tamper}
         finally:
             box.close()
-        expected_hashes = {p: hashlib.sha256(t.encode()).hexdigest() for p, t in files.items()}
-        if after != expected_hashes:
-            tamper.append({"kind": "test_tamper", "path": HIDDEN_DIR, "detail": "hidden tests changed during the run"})
-            return self._verdict(0.0, False, Outcome.FAILED, [], "hidden test files were modified while they ran",
-                                 start, tamper)
+        return {"records": parse_probe_records(res.stdout), "timed_out": res.timed_out, "exit_code": res.exit_code,
+                "stderr": res.stderr[-300:], "dropped": dropped, "tamper": tamper}
+
+    # ---- stage 2: the judge, where no agent code ever ran ---------------------------------------
+
+    def _build_judge(self, task: Task, out: dict) -> None:
+        files = dict(task.hidden.files)
+        files.update({SENTINEL_FILE: SENTINEL_CODE, "pytest.ini": JUDGE_INI,
+                      "toolgym_probes.py": grader_source("toolgym_probes.py")})
+        try:
+            out["box"] = make_sandbox(files, self.config.model_copy(update={"canary": False, "protected": ()}))
+        except (SandboxError, OSError) as err:
+            out["error"] = err
+
+    def _judge(self, task: Task, box: Sandbox, probes: dict, tamper: list[dict], start: float) -> Verdict:
+        hidden = task.hidden
+        results_dir = f".toolgym-results-{secrets.token_hex(6)}"
+        cmd = (f"cat > {RESULTS_FILE} && mkdir {results_dir} && python3 -I -m pytest -q -p no:cacheprovider "
+               f"-c pytest.ini --rootdir /workspace --import-mode=importlib --junitxml={results_dir}/junit.xml .")
+        try:
+            res = box.exec(cmd, timeout_s=hidden.timeout_s, env=JUDGE_ENV, stdin=json.dumps(probes["records"]))
+            if res.timed_out:
+                raise SandboxError(f"the judge timed out after {hidden.timeout_s}s")
+            xml_text = box.read_host_bytes(f"{results_dir}/junit.xml").decode("utf-8", errors="replace")
+        except SandboxError as err:
+            return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, [], f"the judge failed: {err}", start, tamper)
         try:
             tests = parse_junit(xml_text)
         except ET.ParseError as err:
-            tamper.append({"kind": "test_tamper", "path": results_dir, "detail": "unparsable JUnit report"})
-            return self._verdict(0.0, False, Outcome.FAILED, [], f"JUnit report is not valid XML ({err})", start, tamper)
+            return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, [], f"judge report is not valid XML ({err})",
+                                 start, tamper)
         sentinel = [t for t in tests if t.name.endswith(SENTINEL)]
         if len(sentinel) != 1 or sentinel[0].passed:
-            tamper.append({"kind": "test_tamper", "path": results_dir, "detail": "sentinel test missing or passed"})
-            return self._verdict(0.0, False, Outcome.FAILED, [], "results were forged: the sentinel test that must fail "
-                                 "is missing or passed", start, tamper)
+            return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, [], "the judge's sentinel test is missing or "
+                                 "passed: the judge did not run as it should", start, tamper)
         tests = [t for t in tests if not t.name.endswith(SENTINEL)]
-        expected = sum(text.count("\ndef test_") + text.startswith("def test_") for text in hidden.files.values())
+        expected = count_tests(hidden.files)
         if len(tests) < expected:
-            return self._verdict(0.0, False, Outcome.FAILED, tests, f"only {len(tests)} of {expected} hidden tests ran",
-                                 start, tamper)
+            return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, tests, f"only {len(tests)} of {expected} hidden "
+                                 f"tests ran in the judge: {res.stdout[-300:]}", start, tamper)
         passed = sum(t.passed for t in tests)
         ok = passed == len(tests)
-        # Dropped protected edits did not influence the run; they stay recorded as tampering.
         reward = float(ok) if hidden.all_or_nothing else passed / max(1, len(tests))
-        return self._verdict(reward, ok, Outcome.PASSED if ok else Outcome.FAILED, tests,
-                             f"{passed}/{len(tests)} hidden tests passed" + (f"; dropped edits to {dropped}" if dropped else ""),
-                             start, tamper)
+        records = probes["records"]
+        timed_out = probes["timed_out"] or any(r.get("error") == "Timeout" for r in records.values())
+        if timed_out and not ok:
+            return self._verdict(0.0, False, Outcome.TIMEOUT, tests, f"the code under test timed out "
+                                 f"(limit {hidden.timeout_s}s)", start, tamper)
+        missing = len(hidden.probes) - len(records)
+        reason = f"{passed}/{len(tests)} hidden tests passed"
+        if missing:
+            reason += f"; {missing} probes gave no result (exit code {probes['exit_code']}: {probes['stderr'][-150:]!r})"
+        if probes["dropped"]:
+            reason += f"; dropped edits to {probes['dropped']}"
+        return self._verdict(reward, ok, Outcome.PASSED if ok else Outcome.FAILED, tests, reason, start, tamper)
 
     @staticmethod
     def _verdict(reward: float, passed: bool, outcome: Outcome, tests: list[TestResult], reason: str, start: float,
                  tamper: list[dict]) -> Verdict:
         return Verdict(reward=reward, passed=passed, outcome=outcome, tests=tests, reason=reason,
                        duration_s=time.perf_counter() - start, details={"side_effects": tamper})
+
+
+__all__ = ["HiddenTestVerifier", "count_tests", "grader_source", "parse_junit", "parse_probe_records"]

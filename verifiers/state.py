@@ -1,9 +1,10 @@
 """`StateVerifier`: a hidden checker script judges the final workspace state.
 
 The checker (the task's hidden files, entry `check.py` unless `command` says otherwise) runs in
-a fresh grading sandbox with the agent's changes applied. It prints one JSON object per line,
+a fresh grading sandbox with the agent's changes applied as data: no process of the agent's ever
+ran there, the interpreter is isolated (`python3 -I`) and the root filesystem is read-only. It prints one JSON object per line,
 `{"name": ..., "passed": true|false, "message": ...}`, to a results file whose path it gets as
-its first argument; the host reads that file after the run. Reward: all-or-nothing, or the
+its first argument; the host reads that file from its own side of the filesystem after the run. Reward: all-or-nothing, or the
 fraction of checks passed.
 """
 
@@ -37,24 +38,25 @@ class StateVerifier:
             from toolgym.verifiers.answer import VerifierError
 
             raise VerifierError(f"task {task.id}: a state task needs hidden/check.py or a command")
+        checker_dir = f"{CHECK_DIR}-{secrets.token_hex(4)}"
+        out = f"{CHECK_DIR}-{secrets.token_hex(6)}.jsonl"
+        checker = {f"{checker_dir}/{rel}": text for rel, text in hidden.files.items()}
         try:
-            box, dropped = grading_sandbox(task, final_state.changes, self.config, final_state.modes)
+            # The final state arrives as data (files written by the host); no process of the
+            # agent's ever ran in this sandbox, and its root filesystem is read-only.
+            box, dropped = grading_sandbox(task, final_state.changes, self.config, final_state.modes, checker)
         except (SandboxError, OSError) as err:
             return Verdict(reward=0.0, passed=False, outcome=Outcome.INFRA_ERROR,
                            reason=f"could not build the grading sandbox: {err}", duration_s=time.perf_counter() - start)
         tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped"} for p in dropped]
-        out = f"{CHECK_DIR}-{secrets.token_hex(6)}.jsonl"
         try:
-            checker_dir = f"{CHECK_DIR}-{secrets.token_hex(4)}"
-            for rel, text in hidden.files.items():
-                box.write_file(f"{checker_dir}/{rel}", text)
-            cmd = hidden.command or f"python3 {checker_dir}/check.py {out}"
+            cmd = hidden.command or f"python3 -I {checker_dir}/check.py {out}"
             res = box.exec(cmd.replace("{results}", out).replace("{checker}", checker_dir), timeout_s=hidden.timeout_s)
             if res.timed_out:
                 return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR, reason="checker timed out",
                                duration_s=time.perf_counter() - start, details={"side_effects": tamper})
-            try:
-                lines = box.read_file(out).splitlines()
+            try:  # read on the host's side of the filesystem, never through a command inside
+                lines = box.read_host_bytes(out).decode("utf-8", errors="replace").splitlines()
             except SandboxError:
                 return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR,
                                reason=f"checker wrote no results (exit {res.exit_code}): {res.stderr[-300:]}",

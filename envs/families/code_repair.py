@@ -16,7 +16,7 @@ import numpy as np
 
 from toolgym.envs.registry import register_env
 from toolgym.envs.sandbox_env import SandboxEnv
-from toolgym.tasks import HELDOUT, HiddenSpec, SuiteSpec, Task, ToolCall, register_suite
+from toolgym.tasks import HELDOUT, HiddenSpec, Probe, SuiteSpec, Task, ToolCall, register_suite
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,9 @@ def _call(source: str, fn: str, args: tuple, max_lines: int = 20000) -> Any:
 
     old = sys.gettrace()
     sys.settrace(tracer)
+    inputs = copy.deepcopy(list(args))
     try:
-        return ("ok", scope[fn](*copy.deepcopy(args)))
+        return ("ok", scope[fn](*inputs), inputs)  # the inputs after the call: mutation is a difference
     except _TooLong:
         return ("error", "too long")
     except Exception as err:
@@ -176,8 +177,9 @@ def _literal(value: Any) -> str:
 
 
 def _test_lines(fn: str, cases: list[tuple[tuple, Any]], prefix: str) -> str:
+    """Visible tests: plain pytest the agent can read and run."""
     out = []
-    for i, (args, (kind, value)) in enumerate(cases):
+    for i, (args, (_kind, value, _after)) in enumerate(cases):
         call = f"{fn}({', '.join(_literal(a) for a in args)})"
         out.append(f"def test_{prefix}_{i}():")
         if isinstance(value, float):
@@ -185,6 +187,19 @@ def _test_lines(fn: str, cases: list[tuple[tuple, Any]], prefix: str) -> str:
         else:
             out.append(f"    assert {call} == {_literal(value)}\n")
     return "\n".join(out)
+
+
+def _hidden_checks(module: str, fn: str, cases: list[tuple[tuple, Any]]) -> tuple[tuple[Probe, ...], str]:
+    """Probes (inputs only, run against the agent's code) and the judge's tests (expected values,
+    exact types, inputs not mutated), which never import the agent's code."""
+    probes, tests = [], ["from toolgym_probes import assert_same, probe\n"]
+    for i, (args, (_kind, value, after)) in enumerate(cases):
+        pid = f"case_{i}"
+        probes.append(Probe(id=pid, code=f"from src.{module} import {fn}\nargs = {list(args)!r}\n"
+                                         f"result = [{fn}(*args), args]\n"))
+        tests.append(f"\ndef test_hidden_{i}():\n    out, args = probe({pid!r})\n    assert_same(out, {value!r})\n"
+                     f"    assert_same(args, {after!r})  # the inputs must not be mutated\n")
+    return tuple(probes), "\n".join(tests)
 
 
 def generate_code_repair_task(seed: int, index: int, split: str = "train") -> Task:
@@ -224,7 +239,7 @@ def generate_code_repair_task(seed: int, index: int, split: str = "train") -> Ta
     }
     for d in distractors:
         workspace[f"src/{d.fn}_mod.py"] = d.source
-    hidden_file = f"from src.{module} import {tpl.fn}\n\n\n" + _test_lines(tpl.fn, unique, "hidden")
+    probes, hidden_file = _hidden_checks(module, tpl.fn, unique)
     difficulty = 1 + (bug_kind in ("missing_edge_case", "swapped_arguments", "wrong_base_case")) + (not reveals) + (n_distractors > 1)
     instruction = (f"The function `{tpl.fn}` in `src/{module}.py` has a bug. It should {tpl.desc}. Fix it. "
                    f"Visible tests are in `tests/` (run `python3 -m pytest -q tests`); hidden tests check more cases. "
@@ -233,7 +248,7 @@ def generate_code_repair_task(seed: int, index: int, split: str = "train") -> Ta
               ToolCall(name="submit", arguments={}))
     return Task(env_id="toolgym/code-repair-v0", instruction=instruction, family=f"code-repair/{bug_kind}",
                 difficulty=difficulty, split=split, workspace=workspace,
-                hidden=HiddenSpec(kind="tests", files={f"test_hidden_{tpl.fn}.py": hidden_file},
+                hidden=HiddenSpec(kind="tests", files={f"test_hidden_{tpl.fn}.py": hidden_file}, probes=probes,
                                   protected=("tests",), timeout_s=60),
                 oracle=oracle, metadata={"template": tpl.fn, "bug": bug_kind, "visible_reveals_bug": reveals,
                                          "distractors": n_distractors, "seed": seed, "index": index})
