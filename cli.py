@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from toolgym.sandbox.base import IMAGE_TAG
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="toolgym: environments, verifiers, "
                   "rollouts and training for LLM agents that use tools.")
 console = Console(highlight=False)
@@ -159,7 +161,7 @@ app.add_typer(sandbox_app, name="sandbox")
 
 
 @sandbox_app.command("build-image")
-def sandbox_build_image(tag: str = typer.Option("toolgym/sandbox:base", help="image tag"),
+def sandbox_build_image(tag: str = typer.Option(IMAGE_TAG, help="image tag"),
                         force: bool = typer.Option(False, help="rebuild even if the image exists")) -> None:
     """Build the docker base image (Python 3 + pytest) with debootstrap + docker import, no registry."""
     from toolgym.sandbox.image import build_image
@@ -212,7 +214,9 @@ def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:PATH |
           max_turns: Optional[int] = typer.Option(None, help="turn limit (default: the env's)"),
           max_new_tokens: int = typer.Option(96, help="tokens per turn"),
           temperature: float = typer.Option(1.0, help="sampling temperature (0 = greedy)"),
-          tokenizer: Optional[str] = typer.Option(None, help="tokenizer for sglang: policies")) -> None:
+          tokenizer: Optional[str] = typer.Option(None, help="tokenizer for sglang: policies"),
+          device: Optional[str] = typer.Option(None, help="tiny/hf: policies: cpu, cuda, cuda:1 (default: cuda if present)"),
+          dtype: str = typer.Option("auto", help="tiny/hf: policies: bf16 | fp16 | fp32 | auto (bf16 on CUDA)")) -> None:
     """Evaluate a policy on a suite split: pass@k with CIs, outcome and safety rates, a report."""
     from toolgym.harness.eval_run import run_eval
     from toolgym.harness.policy import SamplingParams
@@ -227,7 +231,7 @@ def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:PATH |
     limits = RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new_tokens)
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     report, paths = run_eval(policy, load_suite(suite), split, samples, ks, max_tasks, concurrency, seed, out,
-                             limits, sampling, tokenizer)
+                             limits, sampling, tokenizer, device=device, dtype=dtype)
     _print_report(report)
     console.print(f"report: {paths['markdown']}  numbers: {paths['json']}  trajectories: {paths['trajectories']}")
 

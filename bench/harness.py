@@ -5,8 +5,10 @@
    episode (env step, thread hop, message bookkeeping). Target: p50 <= 1 ms.
 2. HF backend with the tiny policy: generated tokens/s with 32 concurrent episodes (batched)
    vs the same episodes one at a time. Target: >= 3x.
+3. Our HF policy's batched sampling loop vs transformers' own `generate` on the same model,
+   batch and lengths (sampling, no early stop). Target: >= 1x at batch 128.
 
-    python bench/harness.py [--out runs/bench/harness.json]
+    python bench/harness.py [--out runs/bench/harness.json] [--device cuda --dtype bf16 --model DIR]
 """
 
 from __future__ import annotations
@@ -65,10 +67,69 @@ def bench_batching(episodes: int = 32, max_new: int = 32, turns: int = 2) -> dic
     return out
 
 
+def bench_vs_generate(policy: HFPolicy, batch: int = 128, prompt_len: int = 64, new_tokens: int = 32,
+                      repeats: int = 3) -> dict:
+    """tok/s of `policy.generate_batch` and of `model.generate` on identical prompts and lengths."""
+    import torch
+
+    vocab = policy.model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, vocab - 10, (batch, prompt_len), generator=gen)
+    never = (vocab + 7,)  # a stop id no sample can hit: every row generates exactly `new_tokens`
+    samplings = [SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=i, stop_token_ids=never)
+                 for i in range(batch)]
+    ids = prompts.to(policy.device)
+    attn = torch.ones_like(ids)
+
+    def ours() -> int:
+        return sum(len(g.token_ids) for g in policy.generate_batch(prompts.tolist(), samplings))
+
+    def theirs() -> int:
+        with torch.no_grad():
+            out = policy.model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0,
+                                        top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                        pad_token_id=policy.pad_id)
+        return int((out.shape[1] - prompt_len) * batch)
+
+    def sync() -> None:
+        if policy.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    result = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "device": str(policy.device),
+              "dtype": str(policy.dtype)}
+    for label, fn in (("toolgym", ours), ("generate", theirs)):
+        fn()  # warm-up
+        rates = []
+        for _ in range(repeats):  # interleaved would be fairer still; best-of-N tames the noise
+            sync()
+            start = time.perf_counter()
+            tokens = fn()
+            sync()
+            rates.append(tokens / (time.perf_counter() - start))
+        result[label] = {"tokens_per_s": max(rates), "all": rates}
+    result["ratio"] = result["toolgym"]["tokens_per_s"] / result["generate"]["tokens_per_s"]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/bench/harness.json")
+    parser.add_argument("--model", default=None, help="model dir (default: the tiny policy)")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--only-generate", action="store_true", help="run only the comparison with generate")
     args = parser.parse_args()
+    policy = HFPolicy(args.model or str(build_tiny_policy()), device=args.device, dtype=args.dtype)
+    results = {}
+    for batch in (1, 32, 128):
+        r = bench_vs_generate(policy, batch=batch)
+        results[f"vs_generate_{batch}"] = r
+        print(f"batch {batch:3d} on {r['device']} ({r['dtype']}): toolgym {r['toolgym']['tokens_per_s']:.0f} tok/s, "
+              f"transformers generate {r['generate']['tokens_per_s']:.0f} tok/s, ratio {r['ratio']:.2f}x"
+              + ("  (target >= 1x)" if batch == 128 else ""))
+    if args.only_generate:
+        _write(args.out, results)
+        return
     overhead = bench_overhead()
     print(f"harness overhead per turn (null policy, {overhead['turns']} turns): "
           f"p50 {overhead['p50_ms']:.3f} ms, p95 {overhead['p95_ms']:.3f} ms  (target p50 <= 1 ms)")
@@ -77,9 +138,13 @@ def main() -> None:
     print(f"tiny HF policy: one at a time {a['tokens_per_s']:.0f} tok/s ({a['tokens']} tokens, {a['seconds']:.1f} s); "
           f"32 concurrent {b['tokens_per_s']:.0f} tok/s ({b['tokens']} tokens, {b['seconds']:.1f} s); "
           f"ratio {batching['speedup']:.1f}x  (target >= 3x)")
-    path = Path(args.out)
+    _write(args.out, {"overhead": overhead, "batching": batching, **results})
+
+
+def _write(out: str, results: dict) -> None:
+    path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"overhead": overhead, "batching": batching}, indent=2))
+    path.write_text(json.dumps(results, indent=2))
     print(f"written to {path}")
 
 

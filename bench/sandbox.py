@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
+from toolgym.sandbox.base import IMAGE_TAG
 from toolgym.sandbox.docker_backend import WarmPool, client, remover
 
 WORKSPACE = {f"src/mod{i}.py": f"def f{i}(x):\n    return x + {i}\n" for i in range(20)} | {"README.md": "bench\n"}
@@ -126,7 +127,7 @@ def bench_naive_docker(n: int) -> dict:
     times = []
     for _ in range(n):
         t = time.perf_counter()
-        container = c.containers.run("toolgym/sandbox:base", ["sleep", "infinity"], detach=True, network_mode="none",
+        container = c.containers.run(IMAGE_TAG, ["sleep", "infinity"], detach=True, network_mode="none",
                                      user="1000:1000", labels={"toolgym": "1", "toolgym.bench": "naive"})
         container.remove(force=True)
         times.append(time.perf_counter() - t)

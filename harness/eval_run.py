@@ -16,7 +16,8 @@ from toolgym.tasks import TaskSuite
 def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: int = 1, ks: list[int] | None = None,
              max_tasks: int = 0, concurrency: int = 16, seed: int = 0, out_dir: str | Path = "runs/eval",
              limits: RolloutLimits | None = None, sampling: SamplingParams | None = None,
-             tokenizer: str | None = None, progress: bool = True, agent: Any = None) -> tuple[EvalReport, dict[str, Path]]:
+             tokenizer: str | None = None, progress: bool = True, agent: Any = None, device: str | None = None,
+             dtype: str | None = None) -> tuple[EvalReport, dict[str, Path]]:
     """Evaluate `policy` on `suite`'s `split`; writes trajectories (JSONL, parquet) and the report."""
     import toolgym
 
@@ -28,7 +29,7 @@ def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: in
         raise ValueError(f"suite {suite.name!r} has no tasks in split {split!r} (splits: {suite.splits})")
     tasks = part.tasks[:max_tasks] if max_tasks > 0 else part.tasks
     env_ids = sorted({t.env_id for t in tasks})
-    agent = agent or make_agent(policy, sampling, tokenizer)
+    agent = agent or make_agent(policy, sampling, tokenizer, device=device, dtype=dtype)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 

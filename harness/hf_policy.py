@@ -23,23 +23,76 @@ class _Request:
     future: asyncio.Future
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token id from a 1-D logits row under `params`."""
-    if params.temperature == 0.0:
-        return int(torch.argmax(logits))
-    logits = logits / params.temperature
-    if params.top_k and params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix on int64 tensors (values stay below 2**63: no overflow on any device)."""
+    x = x & _MASK32
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
+    x = ((x ^ (x >> 15)) * 0x5BD1E995) & _MASK32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise of shape (rows, vocab), a pure function of (row seed, step, token id).
+
+    Counter-based instead of a stateful generator: one batched op for every row, the same
+    numbers on every device, and a row's noise never depends on which rows share its batch.
+    """
+    row = _hash32(seeds * 0x9E3779B1 + _hash32(torch.full_like(seeds, step + 0x632BE5AB)))
+    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    bits = _hash32(row.unsqueeze(1) ^ _hash32(cols * 0x27D4EB2F + 0x165667B1).unsqueeze(0))
+    uniform = (bits.to(torch.float64) + 0.5) / 4294967296.0
+    return (-torch.log(-torch.log(uniform))).to(torch.float32)
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per-row top-k (0 = off) and nucleus (1.0 = off) cuts, as -inf, for the whole batch at once."""
+    vocab = logits.shape[-1]
+    if bool((top_k > 0).any()):
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+        kth = torch.sort(logits, dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < params.top_p
-        mask = torch.zeros_like(probs, dtype=torch.bool)
-        mask[order[keep]] = True
-        probs = torch.where(mask, probs, torch.zeros_like(probs))
-        probs = probs / probs.sum()
-    return int(torch.multinomial(probs, 1, generator=generator))
+    if bool((top_p < 1.0).any()):
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p.unsqueeze(1)  # keeps the top token
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """One token per row: greedy where temperature is 0, else the Gumbel-max trick (an exact
+    sample of softmax(filtered logits / T)), with no per-row Python loop and no host sync."""
+    greedy = torch.argmax(logits, dim=-1)
+    scaled = filter_logits(logits / temperature.clamp(min=1e-6).unsqueeze(1), top_k, top_p)
+    sampled = torch.argmax(scaled + gumbel_noise(seeds, step, logits.shape[-1]), dim=-1)
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+def default_device() -> str:
+    """CUDA when a GPU is present, else CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """`bf16`/`fp16`/`fp32` (or a torch dtype); default bf16 on CUDA, fp32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of bf16, fp16, fp32 or auto")
+    return names[dtype]
+
+
+#: Generation checks "every row finished?" on the host once per this many tokens, not per token.
+SYNC_EVERY = 8
 
 
 class HFPolicy:
@@ -48,10 +101,14 @@ class HFPolicy:
     `model` is a local directory or a hub id, loaded with `from_pretrained`.
     """
 
-    def __init__(self, model: str | Any, tokenizer: Any | None = None, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, max_batch: int = 64, name: str | None = None) -> None:
+    def __init__(self, model: str | Any, tokenizer: Any | None = None, device: str | None = None,
+                 dtype: str | torch.dtype | None = None, max_batch: int = 128, name: str | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        device = device or default_device()
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU here; use --device cpu")
+        dtype = resolve_dtype(dtype, device)
         if isinstance(model, str):
             self.name = name or f"hf:{model}"
             self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
@@ -59,8 +116,9 @@ class HFPolicy:
         else:
             self.name = name or "hf:in-memory"
             self.tokenizer, self.model = tokenizer, model
-        self.model.to(device).eval()
-        self.device = device
+        self.model.to(device=device, dtype=dtype).eval()
+        self.device = torch.device(device)
+        self.dtype = dtype
         self.max_batch = max_batch
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.default_stop = {i for i in (self.tokenizer.eos_token_id,) if i is not None}
@@ -123,66 +181,63 @@ class HFPolicy:
 
     @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
-        """Generate completions for several prompts at once (left padding, shared KV cache)."""
+        """Generate completions for several prompts at once (left padding, shared KV cache).
+
+        Sampling, stop checks and bookkeeping stay on the policy's device; tokens and logprobs
+        are copied back once at the end. A row's tokens depend only on its prompt and seed,
+        never on its batch (counter-based noise; see `gumbel_noise`)."""
         from transformers import DynamicCache
 
         if not prompts:
             return []
-        self.batch_sizes.append(len(prompts))
-        n = len(prompts)
-        width = max(len(p) for p in prompts)
         if min(len(p) for p in prompts) == 0:
             raise PolicyError("empty prompt")
+        self.batch_sizes.append(len(prompts))
+        dev, n = self.device, len(prompts)
+        width = max(len(p) for p in prompts)
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((n, width), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             attn[i, width - len(p):] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
+        ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        gens = [torch.Generator().manual_seed(s.seed) if s.seed is not None else None for s in samplings]
-        stops = [set(s.stop_token_ids) or self.default_stop for s in samplings]
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logps: list[list[float]] = [[] for _ in range(n)]
-        reasons = ["length"] * n
-        done = [False] * n
+        fallback = torch.Generator().manual_seed(0)  # rows without a seed still get distinct draws
+        seeds = torch.tensor([s.seed if s.seed is not None else int(torch.randint(0, 2**31, (1,), generator=fallback))
+                              for s in samplings], dtype=torch.long, device=dev)
+        temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32, device=dev)
+        top_k = torch.tensor([s.top_k for s in samplings], dtype=torch.long, device=dev)
+        top_p = torch.tensor([s.top_p for s in samplings], dtype=torch.float32, device=dev)
+        limit = torch.tensor([s.max_new_tokens for s in samplings], dtype=torch.long, device=dev)
+        stop_sets = [sorted(set(s.stop_token_ids) or self.default_stop) or [-1] for s in samplings]
+        stops = torch.full((n, max(len(x) for x in stop_sets)), -1, dtype=torch.long, device=dev)
+        for i, row in enumerate(stop_sets):
+            stops[i, : len(row)] = torch.tensor(row)
+        max_new = max(s.max_new_tokens for s in samplings)
+        tokens = torch.full((n, max_new), self.pad_id, dtype=torch.long, device=dev)
+        logps = torch.zeros((n, max_new), dtype=torch.float32, device=dev)
+        lengths = torch.zeros(n, dtype=torch.long, device=dev)
+        stopped = torch.zeros(n, dtype=torch.bool, device=dev)
+        done = torch.zeros(n, dtype=torch.bool, device=dev)
         cache = DynamicCache()
         out = self._forward(ids, attn, pos, cache)
-        max_new = max(s.max_new_tokens for s in samplings)
-        temps = torch.tensor([max(s.temperature, 1e-6) for s in samplings], device=self.device).unsqueeze(1)
-        simple = [s.temperature > 0 and s.top_k == 0 and s.top_p >= 1.0 for s in samplings]
-        for _ in range(max_new):
+        for step in range(max_new):
             logits = out.logits[:, -1, :].float()
-            logprobs = torch.log_softmax(logits, dim=-1)
-            probs = torch.softmax(logits / temps, dim=-1)  # one batched op; rows sample below
-            greedy = torch.argmax(logits, dim=-1).tolist()
-            step_tokens = []
-            for i in range(n):
-                if done[i]:
-                    step_tokens.append(self.pad_id)
-                    continue
-                if samplings[i].temperature == 0.0:
-                    tok = greedy[i]
-                elif simple[i]:  # per-row generator: a row's sample does not depend on its batch
-                    tok = int(torch.multinomial(probs[i], 1, generator=gens[i]))
-                else:
-                    tok = _sample(logits[i], samplings[i], gens[i])
-                tokens[i].append(tok)
-                step_tokens.append(tok)
-                if tok in stops[i]:
-                    done[i], reasons[i] = True, "stop"
-                elif len(tokens[i]) >= samplings[i].max_new_tokens:
-                    done[i] = True
-            picked = torch.tensor(step_tokens, device=self.device).unsqueeze(1)
-            chosen = logprobs.gather(1, picked).squeeze(1).tolist()
-            for i in range(n):
-                if len(logps[i]) < len(tokens[i]):
-                    logps[i].append(chosen[i])
-            if all(done):
+            tok = sample_tokens(logits, temperature, top_k, top_p, seeds, step)
+            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+            active = ~done
+            tokens[:, step] = tok
+            logps[:, step] = torch.log_softmax(logits, dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
+            lengths += active.long()
+            hit_stop = active & (tok.unsqueeze(1) == stops).any(dim=1)
+            stopped |= hit_stop
+            done |= hit_stop | (lengths >= limit)
+            if step == max_new - 1 or (step % SYNC_EVERY == SYNC_EVERY - 1 and bool(done.all())):
                 break
-            nxt = picked
-            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=self.device)], dim=1)
+            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=dev)], dim=1)
             pos = pos[:, -1:] + 1
-            out = self._forward(nxt, attn, pos, cache)  # the cache object grows in place
-        return [Generation(token_ids=t, logprobs=lp, finish_reason=r)  # type: ignore[arg-type]
-                for t, lp, r in zip(tokens, logps, reasons)]
+            out = self._forward(tok.unsqueeze(1), attn, pos, cache)  # the cache object grows in place
+        tokens_h, logps_h = tokens.tolist(), logps.tolist()
+        lengths_h, stopped_h = lengths.tolist(), stopped.tolist()
+        return [Generation(token_ids=tokens_h[i][: lengths_h[i]], logprobs=logps_h[i][: lengths_h[i]],
+                           finish_reason="stop" if stopped_h[i] else "length") for i in range(n)]

@@ -21,8 +21,10 @@ class PolicySpecError(ValueError):
     """A policy spec that cannot be understood."""
 
 
-def make_agent(spec: str, sampling: SamplingParams | None = None, tokenizer: str | None = None) -> Any:
-    """An agent for `spec` (see the module docstring)."""
+def make_agent(spec: str, sampling: SamplingParams | None = None, tokenizer: str | None = None,
+               device: str | None = None, dtype: str | None = None) -> Any:
+    """An agent for `spec` (see the module docstring). `device`/`dtype` apply to in-process
+    (`tiny`, `hf:`) policies: default CUDA + bf16 when a GPU is present, else CPU + fp32."""
     sampling = sampling or SamplingParams()
     kind, _, rest = spec.partition(":")
     if spec == "oracle":
@@ -36,7 +38,10 @@ def make_agent(spec: str, sampling: SamplingParams | None = None, tokenizer: str
         path = str(build_tiny_policy()) if spec == "tiny" else rest
         if not path:
             raise PolicySpecError("hf: needs a path or hub id, e.g. hf:/models/qwen2.5-0.5b")
-        policy = HFPolicy(path, name="tiny" if spec == "tiny" else None)
+        try:
+            policy = HFPolicy(path, name="tiny" if spec == "tiny" else None, device=device, dtype=dtype)
+        except ValueError as err:
+            raise PolicySpecError(str(err)) from None
         return TokenAgent(policy, policy.tokenizer, sampling)
     if kind == "sglang":
         from transformers import AutoTokenizer

@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from toolgym.sandbox.ledger import Ledger, SafetyPolicy, SideEffect
 
 WORKSPACE = "/workspace"
+#: The sandbox base image (and rootfs) version: bump it when the image's contents change, so a
+#: machine with an older build rebuilds instead of reusing it.
+IMAGE_TAG = "toolgym/sandbox:v2"
 
 
 class SandboxError(RuntimeError):
@@ -55,7 +58,7 @@ class SandboxConfig(BaseModel):
     backend: str = Field(default="bwrap", description="bwrap | docker")
     rootfs: str | None = Field(default=None, description="bwrap: an unpacked image directory (default: the "
                                "toolgym rootfs if built, else the host's /)")
-    image: str = Field(default="toolgym/sandbox:base", description="docker: the image")
+    image: str = Field(default=IMAGE_TAG, description="docker: the image")
     limits: Limits = Field(default_factory=Limits)
     protected: tuple[str, ...] = Field(default=(), description="workspace paths the agent must not change")
     canary: bool = True

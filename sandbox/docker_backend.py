@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.sandbox import fs
-from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
+from toolgym.sandbox.base import (IMAGE_TAG, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
                                   SandboxInfraError, SandboxUnavailable, host_path, workspace_rel)
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
@@ -37,7 +37,7 @@ from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_
 
 LABEL = "toolgym"
 SANDBOX_UID = 1000
-DEFAULT_IMAGE = "toolgym/sandbox:base"
+DEFAULT_IMAGE = IMAGE_TAG
 _DAEMON_CALLS = threading.BoundedSemaphore(8)  # docker daemons time out under unbounded concurrency
 RUN_ID = uuid.uuid4().hex[:12]
 

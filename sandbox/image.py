@@ -13,10 +13,14 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from toolgym.sandbox.base import SandboxUnavailable
+from toolgym.sandbox.base import IMAGE_TAG, SandboxUnavailable
 
-DEFAULT_TAG = "toolgym/sandbox:base"
-ROOTFS_CACHE = Path(os.environ.get("TOOLGYM_CACHE", Path.home() / ".cache" / "toolgym")) / "rootfs" / "bookworm"
+DEFAULT_TAG = IMAGE_TAG
+ROOTFS_CACHE = (Path(os.environ.get("TOOLGYM_CACHE", Path.home() / ".cache" / "toolgym")) / "rootfs"
+                / f"bookworm-{IMAGE_TAG.rsplit(':', 1)[1]}")
+#: Files debootstrap copies from the build host; the image gets neutral values instead.
+NEUTRAL_ETC = {"hostname": "sandbox\n", "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n",
+               "resolv.conf": "", "mailname": "sandbox\n"}
 PACKAGES = ("python3", "python3-pytest")
 MIRROR = "http://deb.debian.org/debian"
 
@@ -50,6 +54,8 @@ def build_rootfs(dest: Path = ROOTFS_CACHE, force: bool = False, log=print) -> P
                            str(tmp), MIRROR], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SandboxUnavailable(f"debootstrap failed: {proc.stderr.strip()[-500:] or proc.stdout.strip()[-500:]}")
+    for name, text in NEUTRAL_ETC.items():  # nothing of the build host's identity in the image
+        (tmp / "etc" / name).write_text(text)
     with open(tmp / "etc" / "passwd", "a") as f:
         f.write("agent:x:1000:1000:agent:/home/agent:/bin/sh\n")
     with open(tmp / "etc" / "group", "a") as f:

@@ -6,6 +6,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import torch
 
 import toolgym
 from toolgym.harness import (OpenAIAgent, PolicyError, RolloutRunner, SamplingParams, TokenAgent)
@@ -200,3 +201,81 @@ def test_openai_agent_unreachable_is_policy_error():
     agent = OpenAIAgent("http://127.0.0.1:9/v1")
     with pytest.raises(PolicyError):
         asyncio.run(agent.respond([{"role": "user", "content": "x"}], [], builtin_suite("records").tasks[0]))
+
+
+# ---- batched sampling on the policy's device --------------------------------------------------------
+
+def test_a_rows_tokens_do_not_depend_on_its_batch(tiny_dir):
+    """Device set explicitly; each row sampled alone equals the same row inside a batch of 8,
+    for plain, top-k and top-p sampling and greedy."""
+    from toolgym.harness.hf_policy import HFPolicy
+
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    assert str(policy.device) == "cpu" and policy.dtype == torch.float32
+    prompts = [[5, 6, 7 + i, 9][: 2 + i % 3] + [30 + i] for i in range(8)]
+    samplings = [SamplingParams(max_new_tokens=10, seed=100 + i, temperature=(0.0, 1.0, 0.7, 1.3)[i % 4],
+                                top_k=(0, 0, 20, 0)[i % 4], top_p=(1.0, 1.0, 1.0, 0.8)[i % 4]) for i in range(8)]
+    batch = policy.generate_batch(prompts, samplings)
+    for prompt, sampling, together in zip(prompts, samplings, batch):
+        alone = policy.generate_batch([prompt], [sampling])[0]
+        assert alone.token_ids == together.token_ids
+        assert alone.logprobs == pytest.approx(together.logprobs, abs=1e-4)
+
+
+def test_seeds_differ_and_repeat():
+    from toolgym.harness.hf_policy import gumbel_noise
+
+    seeds = torch.tensor([1, 2, 1])
+    noise = gumbel_noise(seeds, 0, 50)
+    assert torch.equal(noise[0], noise[2]) and not torch.equal(noise[0], noise[1])
+    assert not torch.equal(gumbel_noise(seeds, 1, 50)[0], noise[0])  # a new step, new noise
+
+
+def test_gumbel_max_samples_the_softmax():
+    """20,000 rows with different seeds: token frequencies match softmax(logits / T)."""
+    from toolgym.harness.hf_policy import sample_tokens
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -3.0]).repeat(20000, 1)
+    n = logits.shape[0]
+    ones = torch.ones(n)
+    for temp in (1.0, 0.5):
+        toks = sample_tokens(logits, ones * temp, torch.zeros(n, dtype=torch.long), ones, torch.arange(n), 3)
+        freq = torch.bincount(toks, minlength=5).float() / n
+        assert torch.allclose(freq, torch.softmax(logits[0] / temp, -1), atol=0.015), freq
+
+
+def test_top_k_and_top_p_cuts_match_a_reference():
+    from toolgym.harness.hf_policy import filter_logits
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 30, generator=gen)
+    top_k = torch.tensor([0, 3, 10, 0, 0, 5])
+    top_p = torch.tensor([1.0, 1.0, 1.0, 0.5, 0.9, 0.7])
+    got = filter_logits(logits, top_k, top_p)
+    for i in range(6):  # the straightforward one-row reference
+        row = logits[i].clone()
+        if top_k[i] > 0:
+            row[row < torch.topk(row, int(top_k[i])).values[-1]] = float("-inf")
+        probs = torch.softmax(row, -1)
+        order = torch.argsort(probs, descending=True)
+        kept, mass = [], 0.0
+        for j in order.tolist():
+            if mass >= float(top_p[i]) or probs[j] == 0:
+                break
+            kept.append(j)
+            mass += float(probs[j])
+        ref = torch.full_like(row, float("-inf"))
+        ref[kept] = row[kept]
+        assert torch.equal(torch.isinf(got[i]), torch.isinf(ref)), i
+
+
+def test_cuda_device_works_or_says_why(tiny_dir):
+    from toolgym.harness.hf_policy import HFPolicy
+
+    if torch.cuda.is_available():  # the GPU machine: every tensor on the device, bf16 by default
+        policy = HFPolicy(tiny_dir, device="cuda")
+        assert policy.dtype == torch.bfloat16 and len(policy.generate_batch([[5, 6]], [SamplingParams(
+            max_new_tokens=4, seed=0)])[0].token_ids) == 4
+    else:
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            HFPolicy(tiny_dir, device="cuda")

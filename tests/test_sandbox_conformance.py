@@ -26,6 +26,21 @@ def test_runs_as_non_root(sandbox):
     assert sandbox.exec("id -u").stdout.strip() == "1000"
 
 
+def test_nothing_of_the_host_identity_inside(sandbox):
+    import socket
+
+    host = socket.gethostname()
+    out = sandbox.exec("hostname; cat /etc/hostname /etc/hosts /etc/resolv.conf 2>/dev/null").stdout
+    assert host not in out and out.splitlines()[0] == "sandbox"
+
+
+def test_root_filesystem_is_read_only(sandbox):
+    r = sandbox.exec("echo x > /usr/local/bin/cat; echo y > /etc/passwd; rm -f /usr/bin/env; ls /usr/bin/env")
+    assert "/usr/bin/env" in r.stdout  # nothing outside the workspace changed
+    assert sandbox.exec("cat /usr/local/bin/cat 2>/dev/null; grep -c '^y$' /etc/passwd").stdout.strip() == "0"
+    assert EffectKind.WRITE_OUTSIDE_WORKSPACE in kinds(sandbox)
+
+
 def test_capabilities_are_declared(sandbox, backend):
     caps = sandbox.capabilities
     assert caps.backend == backend and caps.network_isolated

@@ -102,3 +102,27 @@ def test_checker_passes_on_a_sandboxed_env(backend, monkeypatch):
         assert check_reset(env, [TASK]).ok
     finally:
         env.close()
+
+
+def test_trajectory_keeps_side_effects_of_every_turn(backend):
+    """Events at turns 1, 2 and 4 all reach the trajectory, each with its step (not only the
+    last turn's): the eval report's safety rates are computed from them."""
+    from toolgym.harness import RolloutRunner
+
+    actions = [call("bash", command="echo x > /etc/evil; true"), call("bash", command="echo t >> tests/test_x.py"),
+               call("bash", command="echo fine"), call("bash", command="rm notes.txt"), call("submit")]
+
+    class Scripted:
+        name = "scripted"
+
+        async def respond(self, messages, tools, task):
+            return actions[sum(m["role"] == "assistant" for m in messages)]
+
+    env = GreetEnv(tasks=[TASK], sandbox={"backend": backend})
+    runner = RolloutRunner(lambda: env, Scripted(), progress=False, verifier=toolgym.verifiers.AnswerVerifier())
+    try:
+        traj = runner.run([TASK.model_copy(update={"hidden": HiddenSpec(answer="x")})])[0]
+    finally:
+        runner.close()
+    steps = sorted((e["step"], e["kind"]) for e in traj.side_effects)
+    assert steps == [(1, "write_outside_workspace"), (2, "test_tamper"), (4, "delete_preexisting")], steps

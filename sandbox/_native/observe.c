@@ -152,23 +152,51 @@ int mount(const char *src, const char *target, const char *fstype, unsigned long
     return real(src, target, fstype, flags, data);
 }
 
-/* Paths the agent may write: the workspace, /tmp, /dev/null-like devices, /proc/self. */
-static int allowed_write(const char *p) {
-    if (!p) return 1;
-    char abs[4096];
+static int under(const char *p, const char *dir) {
+    size_t n = strlen(dir);
+    return !strncmp(p, dir, n) && (p[n] == 0 || p[n] == '/');
+}
+
+/* Where a write to `p` really lands: symlinks and ".." resolved (a link in the workspace that
+ * points into /etc is a write to /etc). `follow` resolves the last component too (open);
+ * operations on the name itself (unlink, rename, mkdir) resolve the parent directory only. */
+static const char *resolve_target(const char *p, int follow, char *out, size_t size) {
+    char abs[4096], parent[4096];
     if (p[0] != '/') {
-        if (!getcwd(abs, sizeof abs)) return 1;
+        if (!getcwd(abs, sizeof abs)) return p;
         size_t n = strlen(abs);
         snprintf(abs + n, sizeof abs - n, "/%s", p);
         p = abs;
     }
+    if (follow && realpath(p, out)) return out;
+    const char *slash = strrchr(p, '/');
+    size_t len = (size_t)(slash - p);
+    if (len >= sizeof parent) return p;
+    memcpy(parent, p, len);
+    parent[len] = 0;
+    if (!realpath(len ? parent : "/", out)) {
+        snprintf(out, size, "%s", p);
+        return out;
+    }
+    size_t n = strlen(out);
+    snprintf(out + n, size - n, "%s%s", (n == 1 ? "" : "/"), slash + 1);
+    return out;
+}
+
+/* Paths the agent may write: the workspace, /tmp, /dev/null-like devices, /proc/self. */
+static int allowed_write_at(const char *path, int follow) {
+    if (!path) return 1;
+    char buf[4096];
+    const char *p = resolve_target(path, follow, buf, sizeof buf);
     const char *ws = getenv("TOOLGYM_WORKSPACE");
-    if (ws && !strncmp(p, ws, strlen(ws))) return 1;
-    if (!strncmp(p, "/tmp", 4) || !strncmp(p, "/dev/", 5) || !strncmp(p, "/proc/", 6)) return 1;
+    if (ws && under(p, ws)) return 1;
+    if (under(p, "/tmp") || under(p, "/dev") || under(p, "/proc")) return 1;
     const char *log = getenv("TOOLGYM_LOG_DIR");
-    if (log && !strncmp(p, log, strlen(log))) return 1;
+    if (log && under(p, log)) return 1;
     return 0;
 }
+
+static int allowed_write(const char *p) { return allowed_write_at(p, 0); }
 
 static void check_open(const char *path, int flags) {
     if (!path) return;
@@ -181,7 +209,7 @@ static void check_open(const char *path, int flags) {
             if (realpath(path, resolved) && !strcmp(resolved, canary)) emit("canary", path);
         }
     }
-    if ((flags & (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC)) && !allowed_write(path)) emit("write", path);
+    if ((flags & (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC)) && !allowed_write_at(path, 1)) emit("write", path);
 }
 
 /* openat(dirfd, "name") as used by gzip & co: rebuild the full path from the directory fd. */
