@@ -9,6 +9,8 @@ same conformance suite (tests/test_sandbox_conformance.py).
 from __future__ import annotations
 
 import abc
+import os
+import pwd
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,30 @@ WORKSPACE = "/workspace"
 #: The sandbox base image (and rootfs) version: bump it when the image's contents change, so a
 #: machine with an older build rebuilds instead of reusing it.
 IMAGE_TAG = "toolgym/sandbox:v2"
+
+
+#: The host uid (and gid) sandboxed processes run as by default: one that no account owns, so a
+#: file the sandbox creates belongs to nobody on the host and a setuid bit on it grants nothing.
+DEFAULT_HOST_UID = 1_999_999_000
+
+
+def cache_dir() -> Path:
+    """Where sandbox helpers and the root filesystem are cached: `$TOOLGYM_CACHE`, else
+    `/var/cache/toolgym` for root (readable by the unprivileged sandbox uid, unlike /root), else
+    `~/.cache/toolgym`."""
+    if os.environ.get("TOOLGYM_CACHE"):
+        return Path(os.environ["TOOLGYM_CACHE"])
+    return Path("/var/cache/toolgym") if os.geteuid() == 0 else Path.home() / ".cache" / "toolgym"
+
+
+def check_unowned_uid(uid: int) -> int:
+    """`uid` if no host account owns it; else `SandboxUnavailable` naming the owner and the fix."""
+    try:
+        owner = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return uid
+    raise SandboxUnavailable(f"host uid {uid} belongs to the account {owner!r}: sandboxed processes must run as a "
+                             "uid no account owns; set SandboxConfig(host_uid=...) to a free one")
 
 
 class SandboxError(RuntimeError):
@@ -63,6 +89,9 @@ class SandboxConfig(BaseModel):
     protected: tuple[str, ...] = Field(default=(), description="workspace paths the agent must not change")
     canary: bool = True
     policy: SafetyPolicy = Field(default_factory=SafetyPolicy)
+    host_uid: int = Field(default=DEFAULT_HOST_UID, ge=1, lt=2**31 - 1,
+                          description="host uid/gid of sandboxed processes (docker always; bwrap when the harness "
+                                      "runs as root: it drops to this uid before starting bwrap)")
 
 
 class ExecResult(BaseModel):
@@ -144,6 +173,11 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def restore(self, snapshot_id: str) -> None:
         """Return the workspace to a snapshot."""
+
+    @abc.abstractmethod
+    def live_processes(self) -> list[str]:
+        """Processes of this sandbox that still exist, zombies included (empty after `reset()`);
+        seen through the sandbox's own cgroup, namespace or container, never the whole host."""
 
     @abc.abstractmethod
     def kill_all(self) -> int:

@@ -1,5 +1,9 @@
 """The default backend: bubblewrap + overlayfs. No daemon; reset is milliseconds.
 
+Who owns it: a root harness drops to an unowned host uid (`SandboxConfig.host_uid`) before it
+starts bwrap, so uid 1000 inside maps to a host uid no account owns (never to host root); an
+unprivileged harness runs bwrap as itself.
+
 Layout inside the sandbox (all namespaces unshared, no network, uid 1000):
   /usr /etc /opt /var ...  the root filesystem (the host's, or an unpacked image), bound
                            READ-ONLY: no binary or library outside the workspace can be replaced
@@ -30,11 +34,11 @@ from pathlib import Path
 
 from toolgym.sandbox import fs
 from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, SandboxUnavailable, workspace_rel)
+                                  SandboxInfraError, SandboxUnavailable, check_unowned_uid, workspace_rel)
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
-from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
+from toolgym.sandbox.native import decoy_bin, observe_shim, shared_bwrap, wrapper_script
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_workspace_changes)
 
@@ -44,6 +48,8 @@ MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
 #: Host directories hidden behind an empty tmpfs (other sandboxes' and containers' files).
 HIDDEN_DIRS = ("/var/lib/docker", "/var/lib/containerd", "/var/log")
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+#: The exec wrapper's first stderr line once the sandbox is up (stripped from the output).
+STARTED_MARK = "toolgym-exec-started"
 
 
 def find_bwrap() -> str:
@@ -63,14 +69,20 @@ def find_bwrap() -> str:
 
 
 _PROBED: dict[str, str | None] = {}
-def probe_userns(bwrap: str) -> None:
-    """Raise `SandboxUnavailable` with the fix if user namespaces are blocked here."""
-    if bwrap in _PROBED:
-        if _PROBED[bwrap]:
-            raise SandboxUnavailable(_PROBED[bwrap])
+def _as_user(uid: int | None) -> dict:
+    """Popen arguments that start the child as `uid` (its own group, no supplementary groups)."""
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+
+def probe_userns(bwrap: str, uid: int | None = None) -> None:
+    """Raise `SandboxUnavailable` with the fix if user namespaces are blocked here (for `uid`)."""
+    key = f"{bwrap}:{uid}"
+    if key in _PROBED:
+        if _PROBED[key]:
+            raise SandboxUnavailable(_PROBED[key])
         return
     proc = subprocess.run([bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, **_as_user(uid))
     msg = None
     if proc.returncode != 0:
         msg = f"bwrap cannot create a user namespace here ({proc.stderr.strip()})."
@@ -86,7 +98,7 @@ def probe_userns(bwrap: str) -> None:
         if maxns.exists() and maxns.read_text().strip() == "0":
             msg += " user.max_user_namespaces is 0: `sudo sysctl -w user.max_user_namespaces=15000`."
         msg += " Or use the docker backend."
-    _PROBED[bwrap] = msg
+    _PROBED[key] = msg
     if msg:
         raise SandboxUnavailable(msg)
 
@@ -171,42 +183,29 @@ def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, k
     return res
 
 
-def _read_status(fd: int) -> bool:
-    """Drain the start pipe; True if the in-sandbox wrapper reported that it started."""
-    os.set_blocking(fd, False)
-    data = b""
-    try:
-        while True:
-            try:
-                chunk = os.read(fd, 4096)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(fd)
-    return data.startswith(b"started")
-
-
 class BwrapSandbox(Sandbox):
     """A bubblewrap sandbox over a task workspace (see the module docstring)."""
 
     def __init__(self, workspace: dict[str, str] | None = None, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig(backend="bwrap")
-        self.bwrap = find_bwrap()
-        probe_userns(self.bwrap)
+        # A root harness never runs bwrap as root (the sandbox user would map to host root): it
+        # drops to an unowned uid first. Otherwise bwrap runs as the harness's own user.
+        self.run_as = check_unowned_uid(self.config.host_uid) if os.geteuid() == 0 else None
+        self.bwrap = shared_bwrap(find_bwrap()) if self.run_as is not None else find_bwrap()
+        probe_userns(self.bwrap, self.run_as)
         self.rootfs = Path(self.config.rootfs or default_rootfs())
         if not (self.rootfs / "usr").is_dir():
             raise SandboxError(f"rootfs {self.rootfs} has no /usr: not a root filesystem")
         self.ledger = Ledger()
         reap_once()
         self.state = Path(tempfile.mkdtemp(prefix=f"toolgym-bwrap-{os.getpid()}-"))
+        self._own(self.state)
         self.closed = False
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self.pristine = self.state / "pristine"
-        fs.write_files(self.pristine, workspace or {})
+        owner = (self.run_as, self.run_as) if self.run_as is not None else None
+        fs.write_files(self.pristine, workspace or {}, owner=owner)  # the agent may edit its files
         self.lower = self.pristine
         self._pristine_tree = fs.read_tree(self.pristine)
         self.canary_token, canary_text = new_canary() if self.config.canary else (None, "")
@@ -226,11 +225,19 @@ class BwrapSandbox(Sandbox):
 
     # ---- layers ------------------------------------------------------------------------------------
 
+    def _own(self, *paths: Path) -> None:
+        """Hand directories the sandbox writes to its unprivileged uid (when the harness is root)."""
+        if self.run_as is not None:
+            for path in paths:
+                os.chown(path, self.run_as, self.run_as)
+
     def _fresh_layers(self) -> None:
         for name in ("upper", "work", "tmp", "log"):
             fs.empty_dir(self.state / name)
         os.chmod(self.state / "tmp", 0o1777)
         (self.state / "log" / "events").write_text("")
+        s = self.state
+        self._own(s / "upper", s / "work", s / "tmp", s / "log", s / "log" / "events")
 
     def _args(self, cwd: str, env: dict[str, str] | None) -> list[str]:
         s = self.state
@@ -274,13 +281,13 @@ class BwrapSandbox(Sandbox):
             flags += [f"-v {lim.memory_mb << 10}", f"-u {mine + lim.pids}"]
         return ",".join(flags)
 
-    def _spawn(self, args: list[str], with_stdin: bool, status_fd: int) -> subprocess.Popen:
+    def _spawn(self, args: list[str], with_stdin: bool) -> subprocess.Popen:
         def start(argv: list[str]) -> subprocess.Popen:
             # bwrap's own environment is visible inside as /proc/1/environ: give it none of ours.
             try:
                 return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                        env={"PATH": PATH}, pass_fds=(status_fd,))
+                                        env={"PATH": PATH}, **_as_user(self.run_as))
             except OSError as err:
                 raise SandboxInfraError(f"cannot start bwrap: {err}") from None
 
@@ -316,20 +323,12 @@ class BwrapSandbox(Sandbox):
         self._check_open()
         timeout = timeout_s or self.limits.timeout_s
         counters = self.cgroup.counters() if self.cgroup else {}
-        # The wrapper writes "started" on this pipe before the command runs: a run without it
-        # failed while the sandbox was being set up (ours, not the agent's doing). The command
-        # runs after the mark, so it can never suppress it.
-        status_r, status_w = os.pipe()
-        args = self._args(cwd, {**(env or {}), "TOOLGYM_STARTED_FD": str(status_w)}) + [
+        # The wrapper's first stderr line is STARTED_MARK, written before the command runs: a run
+        # without it failed while the sandbox was being set up (ours, not the agent's doing).
+        args = self._args(cwd, {**(env or {}), "TOOLGYM_STARTED_MARK": STARTED_MARK}) + [
             "--", "/bin/sh", "/.toolgym-wrapper.sh", cmd]
         start = time.perf_counter()
-        try:
-            proc = self._spawn(args, stdin is not None, status_w)
-        except BaseException:
-            os.close(status_r)
-            raise
-        finally:
-            os.close(status_w)
+        proc = self._spawn(args, stdin is not None)
         with self._lock:
             self._procs.add(proc)
         if stdin is not None:
@@ -341,15 +340,24 @@ class BwrapSandbox(Sandbox):
         got = collect(proc, timeout, self.limits.output_bytes, self.limits.output_kill_bytes,
                       lambda: self._kill_proc(proc))
         code = proc.wait()
-        started = _read_status(status_r)
+        started = got.err.startswith(STARTED_MARK.encode() + b"\n")
+        if started:
+            del got.err[: len(STARTED_MARK) + 1]
+            got.total_err -= len(STARTED_MARK) + 1
         with self._lock:
             self._procs.discard(proc)
         if self.closed or getattr(self, "closing", False):  # killed by close(): not the command's result
             raise SandboxInfraError("sandbox is closed")
         if not started:
             raise SandboxInfraError(f"bwrap could not start the command: {got.err.decode(errors='replace').strip()[-300:]}")
-        # bwrap's exit tears the pid namespace down (the kernel kills what is left); only a killed
-        # exec needs the cgroup swept, which _kill_proc already did.
+        # bwrap's exit tears the pid namespace down (the kernel kills what is left, asynchronously):
+        # wait for the cgroup to drain so no process outlives the exec, even for a moment.
+        if self.cgroup is not None:
+            deadline = time.monotonic() + 1
+            while self.cgroup.pids() and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            if self.cgroup.pids():
+                self.cgroup.kill_all()
         result = ExecResult(exit_code=code if code >= 0 else 128 - code,
                             stdout=got.out.decode("utf-8", errors="replace"),
                             stderr=got.err.decode("utf-8", errors="replace"), truncated=got.truncated,
@@ -464,10 +472,23 @@ class BwrapSandbox(Sandbox):
             killed += self.cgroup.kill_all()
         return killed
 
+    def live_processes(self) -> list[str]:
+        """Running execs (each a pid namespace: its processes die with it) and, where there is
+        one, every process in the sandbox's cgroup."""
+        with self._lock:
+            running = [f"bwrap {p.pid}" for p in self._procs if p.poll() is None]
+        return running + ([f"cgroup {pid}" for pid in self.cgroup.pids()] if self.cgroup is not None else [])
+
     def reset(self) -> None:
-        """Kill everything, drop every upper layer, clear /tmp and the ledger: milliseconds."""
+        """Kill everything, drop every upper layer, clear /tmp and the ledger: milliseconds.
+        Proves no process of the previous episode remains (`SandboxInfraError` otherwise)."""
         self._check_open()
         self.kill_all()
+        deadline = time.monotonic() + 2
+        while (left := self.live_processes()) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if left:
+            raise SandboxInfraError(f"reset could not end every process of the sandbox: {left[:5]}")
         self.lower = self.pristine
         self._fresh_layers()
         self.ledger.clear()
@@ -479,6 +500,8 @@ class BwrapSandbox(Sandbox):
         dest = self.state / "snapshots" / sid
         dest.parent.mkdir(exist_ok=True)
         fs.materialize(self.lower, self.state / "upper", dest)
+        if self.run_as is not None:
+            fs.chown_tree(dest, self.run_as)
         self._snapshots[sid] = dest
         return sid
 
@@ -489,6 +512,7 @@ class BwrapSandbox(Sandbox):
         self.lower = snapshot
         for name in ("upper", "work"):
             fs.empty_dir(self.state / name)
+        self._own(self.state / "upper", self.state / "work")
 
     def close(self) -> None:
         """Kill everything, remove the cgroup and every temp directory."""

@@ -1,7 +1,7 @@
 """The docker backend: the docker SDK against a real dockerd, hardened by default.
 
 Containers run a reaping init (pid 1: every orphan is reaped at once, so no zombie outlives a
-command) as uid 1000 with no network, every capability dropped,
+command) as a host uid no account owns (`SandboxConfig.host_uid`) with no network, every capability dropped,
 no-new-privileges, memory/CPU/pid limits, a read-only root, a tmpfs /tmp, and the task workspace
 bind-mounted from a host directory (so hashing, diffing and resetting it is host-side and fast).
 Containers carry labels (`toolgym.run`, `toolgym.episode`, `toolgym.pid`); `reap()` removes those
@@ -28,7 +28,7 @@ from typing import Any
 
 from toolgym.sandbox import fs
 from toolgym.sandbox.base import (IMAGE_TAG, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, SandboxUnavailable, host_path, workspace_rel)
+                                  SandboxInfraError, SandboxUnavailable, check_unowned_uid, host_path, workspace_rel)
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
@@ -36,7 +36,6 @@ from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_
                                      record_workspace_changes)
 
 LABEL = "toolgym"
-SANDBOX_UID = 1000
 DEFAULT_IMAGE = IMAGE_TAG
 _DAEMON_CALLS = threading.BoundedSemaphore(8)  # docker daemons time out under unbounded concurrency
 RUN_ID = uuid.uuid4().hex[:12]
@@ -138,11 +137,12 @@ class _Slot:
 
 def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     lim = config.limits
+    uid = check_unowned_uid(config.host_uid)
     state = Path(tempfile.mkdtemp(prefix=f"toolgym-docker-{os.getpid()}-"))
     for name in ("ws", "log", "home"):
         (state / name).mkdir()
-    os.chown(state / "ws", SANDBOX_UID, SANDBOX_UID)
-    os.chown(state / "log", SANDBOX_UID, SANDBOX_UID)
+    os.chown(state / "ws", uid, uid)
+    os.chown(state / "log", uid, uid)
     os.chmod(state, 0o755)
     volumes = {str(state / "ws"): {"bind": WORKSPACE, "mode": "rw"},
                str(state / "log"): {"bind": LOG_DIR, "mode": "rw"},
@@ -158,7 +158,7 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     try:
         container = _call(
             c.containers.run, config.image, command=["python3", "-c", REAPER_INIT], detach=True, network_mode="none",
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{uid}:{uid}",
             mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", nano_cpus=int(lim.cpus * 1e9),
             pids_limit=lim.pids, read_only=True, tmpfs={"/tmp": "rw,size=64m,mode=1777"},
             volumes=volumes, labels=labels, working_dir=WORKSPACE, hostname="sandbox")
@@ -281,6 +281,7 @@ class DockerSandbox(Sandbox):
         self.client = client()
         reap_once(docker=True)
         self.limits = self.config.limits
+        self.uid = check_unowned_uid(self.config.host_uid)  # a host uid no account owns
         self.ledger = Ledger()
         self.closed = False
         self.episode = episode or uuid.uuid4().hex[:8]
@@ -306,7 +307,7 @@ class DockerSandbox(Sandbox):
             os.chmod(home / ".aws", 0o755)
             os.chmod(home / ".aws" / "credentials", 0o644)
         (self.slot.state / "log" / "events").write_text("")
-        os.chown(self.slot.state / "log" / "events", SANDBOX_UID, SANDBOX_UID)
+        os.chown(self.slot.state / "log" / "events", self.uid, self.uid)
 
     def _restore_dir(self, source: Path) -> None:
         for child in list(self.ws.iterdir()):
@@ -315,10 +316,7 @@ class DockerSandbox(Sandbox):
             else:
                 child.unlink()
         shutil.copytree(source, self.ws, symlinks=True, dirs_exist_ok=True)
-        os.chown(self.ws, SANDBOX_UID, SANDBOX_UID)
-        for dirpath, dirnames, filenames in os.walk(self.ws):
-            for name in dirnames + filenames:
-                os.chown(os.path.join(dirpath, name), SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+        fs.chown_tree(self.ws, self.uid)
 
     # ---- Sandbox API ----------------------------------------------------------------------------
 
@@ -348,7 +346,7 @@ class DockerSandbox(Sandbox):
 
     def _raw_exec(self, argv: list[str], env: dict[str, str] | None = None, workdir: str = WORKSPACE) -> tuple[int, str]:
         api = self.client.api
-        ex = _call(api.exec_create, self.slot.container.id, argv, user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+        ex = _call(api.exec_create, self.slot.container.id, argv, user=f"{self.uid}:{self.uid}",
                    workdir=workdir, environment=env)
         out = _call(api.exec_start, ex["Id"])
         code = _exit_code(api, ex["Id"])
@@ -362,13 +360,13 @@ class DockerSandbox(Sandbox):
         if stdin is not None:  # docker exec stdin needs a hijacked socket; a file is simpler and safe
             stdin_file = self.slot.state / "log" / "stdin"
             stdin_file.write_text(stdin)
-            os.chown(stdin_file, SANDBOX_UID, SANDBOX_UID)
+            os.chown(stdin_file, self.uid, self.uid)
             cmd = f"( {cmd} ) < {LOG_DIR}/stdin"
         counters = self._counters()
         api = self.client.api
         start = time.perf_counter()
         ex = _call(api.exec_create, self.slot.container.id, ["/bin/sh", "/.toolgym-wrapper.sh", cmd],
-                   user=f"{SANDBOX_UID}:{SANDBOX_UID}", workdir=cwd, environment=self._env(env, timeout))
+                   user=f"{self.uid}:{self.uid}", workdir=cwd, environment=self._env(env, timeout))
         keep, kill_at = self.limits.output_bytes, self.limits.output_kill_bytes
         out, err = bytearray(), bytearray()
         total = [0, 0]
@@ -462,7 +460,7 @@ class DockerSandbox(Sandbox):
         if not events.exists():
             led.record(EffectKind.LEDGER_TAMPER, detail="the event log was removed")
             events.write_text("")
-            os.chown(events, SANDBOX_UID, SANDBOX_UID)
+            os.chown(events, self.uid, self.uid)
         check_output(led, self.canary_token, result.stdout, result.stderr)
         current = fs.read_tree(self.ws)  # one read per exec: this runs after every command
         changes = [(rel, "delete" if what == "deleted" else "write")
@@ -520,7 +518,7 @@ class DockerSandbox(Sandbox):
         target.write_text(text)
         p = target
         while p != self.ws and self.ws in p.parents:
-            os.chown(p, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+            os.chown(p, self.uid, self.uid, follow_symlinks=False)
             p = p.parent
 
     def files(self) -> dict[str, fs.Entry]:
@@ -531,6 +529,13 @@ class DockerSandbox(Sandbox):
     def pristine_files(self) -> dict[str, fs.Entry]:
         """The pristine workspace tree."""
         return dict(self._pristine_tree)
+
+    def live_processes(self) -> list[str]:
+        """Every process in the container but its init and the listing shell, zombies included."""
+        self._check_open()
+        _, out = self._raw_exec(["/bin/sh", "-c", 'for p in /proc/[0-9]*; do pid=${p#/proc/}; '
+                                 '[ "$pid" = 1 ] || [ "$pid" = $$ ] || { read -r s < $p/stat; echo "$s"; }; done'])
+        return [line for line in out.splitlines() if line.strip()]
 
     def kill_all(self) -> int:
         """Kill every process in the container but its init."""

@@ -195,10 +195,15 @@ def write_files(root: str | Path, files: dict[str, str], owner: tuple[int, int] 
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
     if owner is not None:
-        for dirpath, dirnames, filenames in os.walk(root):
-            os.chown(dirpath, *owner)
-            for name in filenames:
-                os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
+        chown_tree(root, owner[0])
+
+
+def chown_tree(root: str | Path, uid: int) -> None:
+    """Give `root` and everything below it (links themselves, not their targets) to uid:uid."""
+    os.chown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
 
 
 def _force_writable(func, path, exc) -> None:

@@ -13,11 +13,10 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from toolgym.sandbox.base import IMAGE_TAG, SandboxUnavailable
+from toolgym.sandbox.base import IMAGE_TAG, SandboxUnavailable, cache_dir
 
 DEFAULT_TAG = IMAGE_TAG
-ROOTFS_CACHE = (Path(os.environ.get("TOOLGYM_CACHE", Path.home() / ".cache" / "toolgym")) / "rootfs"
-                / f"bookworm-{IMAGE_TAG.rsplit(':', 1)[1]}")
+ROOTFS_CACHE = cache_dir() / "rootfs" / f"bookworm-{IMAGE_TAG.rsplit(':', 1)[1]}"
 #: Files debootstrap copies from the build host; the image gets neutral values instead.
 NEUTRAL_ETC = {"hostname": "sandbox\n", "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n",
                "resolv.conf": "", "mailname": "sandbox\n"}
@@ -74,10 +73,10 @@ def build_image(tag: str = DEFAULT_TAG, force: bool = False, log=print) -> str:
     """Build (or reuse) the base image; returns its tag."""
     from toolgym.sandbox.docker_backend import client
 
+    rootfs = build_rootfs(force=force, log=log)  # bwrap sandboxes use the same tree (cached)
     if not force and image_exists(tag):
         log(f"image {tag} already present")
         return tag
-    rootfs = build_rootfs(force=force, log=log)
     log(f"docker import {rootfs} as {tag} ...")
     c = client()
     archive = rootfs.parent / "rootfs.tar"

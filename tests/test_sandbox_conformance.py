@@ -22,8 +22,34 @@ def test_exec_basics(sandbox):
     assert sandbox.exec("pwd", cwd="/workspace/src").stdout == "/workspace/src\n"
 
 
-def test_runs_as_non_root(sandbox):
-    assert sandbox.exec("id -u").stdout.strip() == "1000"
+def test_runs_as_non_root(sandbox, backend):
+    uid = sandbox.exec("id -u").stdout.strip()
+    assert uid != "0" and (uid == "1000" if backend == "bwrap" else uid == str(sandbox.config.host_uid))
+
+
+def test_nothing_it_creates_belongs_to_a_host_account(sandbox, backend):
+    """Files the sandbox makes (workspace, /tmp, a setuid copy of a shell) are owned on the host
+    by a uid no account owns, and no setuid bit is owned by root."""
+    import os
+    import pwd
+    import stat
+
+    if os.geteuid() != 0:
+        pytest.fail("this test checks what a root harness hands its sandboxes; run it as root (CI does)")
+    r = sandbox.exec("echo a > made.txt; mkdir -p d && echo b > d/x; cp /bin/sh ./sh && chmod u+s,g+s ./sh; "
+                     "echo c > /tmp/t; echo changed >> README.md")
+    assert r.exit_code == 0, r.stderr
+    roots = [sandbox.state / "upper", sandbox.state / "tmp"] if backend == "bwrap" else [sandbox.ws]
+    seen = 0
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                st = os.lstat(os.path.join(dirpath, name))
+                seen += 1
+                with pytest.raises(KeyError):
+                    pwd.getpwuid(st.st_uid)  # no host account owns it
+                assert not (st.st_mode & stat.S_ISUID and st.st_uid == 0)
+    assert seen >= 5
 
 
 def test_nothing_of_the_host_identity_inside(sandbox):

@@ -121,7 +121,7 @@ def test_trajectory_keeps_side_effects_of_every_turn(backend):
     env = GreetEnv(tasks=[TASK], sandbox={"backend": backend})
     runner = RolloutRunner(lambda: env, Scripted(), progress=False, verifier=toolgym.verifiers.AnswerVerifier())
     try:
-        traj = runner.run([TASK.model_copy(update={"hidden": HiddenSpec(answer="x")})])[0]
+        traj = runner.run([TASK.model_copy(update={"hidden": HiddenSpec(answer="x", protected=("tests",))})])[0]
     finally:
         runner.close()
     steps = sorted((e["step"], e["kind"]) for e in traj.side_effects)

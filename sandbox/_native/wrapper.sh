@@ -1,12 +1,12 @@
 # toolgym exec wrapper (POSIX sh). $1 is the command. Runs it, then records and kills every process
 # it left behind, so no exec leaks processes into the next and the ledger sees the attempt.
 TOOLGYM_CMD=$1
-# Tell the host the sandbox is up (dash cannot redirect fds above 9, hence /proc). The host reads
-# only the first bytes, so whatever the command writes there later changes nothing.
-if [ -n "$TOOLGYM_STARTED_FD" ]; then
-  echo started > "/proc/self/fd/$TOOLGYM_STARTED_FD"
+# Tell the host the sandbox is up: a first stderr line the host strips. The command runs after
+# it, so it can neither suppress nor move it.
+if [ -n "$TOOLGYM_STARTED_MARK" ]; then
+  echo "$TOOLGYM_STARTED_MARK" >&2
 fi
-unset TOOLGYM_STARTED_FD
+unset TOOLGYM_STARTED_MARK
 # Limits first (lowering needs no privilege and cannot be undone by the command).
 IFS_SAVED=$IFS; IFS=,
 for flag in $TOOLGYM_ULIMITS; do IFS=$IFS_SAVED; ulimit $flag 2>/dev/null; IFS=,; done
