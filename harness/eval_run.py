@@ -17,7 +17,7 @@ def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: in
              max_tasks: int = 0, concurrency: int = 16, seed: int = 0, out_dir: str | Path = "runs/eval",
              limits: RolloutLimits | None = None, sampling: SamplingParams | None = None,
              tokenizer: str | None = None, progress: bool = True, agent: Any = None, device: str | None = None,
-             dtype: str | None = None) -> tuple[EvalReport, dict[str, Path]]:
+             dtype: str | None = None, env_factory: Any = None) -> tuple[EvalReport, dict[str, Path]]:
     """Evaluate `policy` on `suite`'s `split`; writes trajectories (JSONL, parquet) and the report."""
     import toolgym
 
@@ -28,16 +28,15 @@ def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: in
     if len(part) == 0:
         raise ValueError(f"suite {suite.name!r} has no tasks in split {split!r} (splits: {suite.splits})")
     tasks = part.tasks[:max_tasks] if max_tasks > 0 else part.tasks
-    env_ids = sorted({t.env_id for t in tasks})
     agent = agent or make_agent(policy, sampling, tokenizer, device=device, dtype=dtype)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    def env_factory():
-        # One env id per suite in the built-ins; a mixed suite picks by the task in reset().
-        return toolgym.make(env_ids[0], tasks=tasks).unwrapped
+    def default_env(env_id: str):
+        # Each task is played on its own env id (a suite may mix environments).
+        return toolgym.make(env_id, tasks=[t for t in tasks if t.env_id == env_id]).unwrapped
 
-    runner = RolloutRunner(env_factory, agent, group_size=samples, concurrency=concurrency, limits=limits,
+    runner = RolloutRunner(env_factory or default_env, agent, group_size=samples, concurrency=concurrency, limits=limits,
                            out_path=out / "trajectories.jsonl", progress=progress)
     try:
         trajs = runner.run(tasks, seed=seed)

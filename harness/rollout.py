@@ -167,9 +167,14 @@ async def _grade(env: ToolEnv, task: Task, traj: Trajectory, verifier: Any, term
 
 
 class RolloutRunner:
-    """Runs G episodes per task concurrently and streams trajectories to `out_path`."""
+    """Runs G episodes per task concurrently and streams trajectories to `out_path`.
 
-    def __init__(self, env_factory: Callable[[], ToolEnv], agent: TokenAgent | TextAgent, group_size: int = 1,
+    `env_factory` builds an environment: called with the task's env id when it takes an
+    argument (so a batch may mix environments, each task played on its own env id), else with
+    none. Environments are pooled per env id and reused across episodes.
+    """
+
+    def __init__(self, env_factory: Callable[..., ToolEnv], agent: TokenAgent | TextAgent | None, group_size: int = 1,
                  concurrency: int = 16, limits: RolloutLimits | None = None, out_path: str | Path | None = None,
                  progress: bool = True, verifier: Any = None) -> None:
         self.env_factory = env_factory
@@ -180,45 +185,67 @@ class RolloutRunner:
         self.out_path = Path(out_path) if out_path else None
         self.progress = progress
         self.verifier = verifier
-        self._envs: list[ToolEnv] = []
+        self._pools: dict[str, list[ToolEnv]] = {}
+        self._by_env_id = _takes_an_argument(env_factory)
 
-    def _env(self) -> ToolEnv:
-        return self._envs.pop() if self._envs else self.env_factory()
+    def _env(self, env_id: str) -> ToolEnv:
+        pool = self._pools.setdefault(env_id if self._by_env_id else "", [])
+        if pool:
+            return pool.pop()
+        return self.env_factory(env_id) if self._by_env_id else self.env_factory()
 
-    async def arun(self, tasks: list[Task], seed: int = 0) -> list[Trajectory]:
-        """All episodes of `tasks` (task i uses env seed `seed + i`), ordered by task then sample."""
+    def _release(self, env_id: str, env: ToolEnv) -> None:
+        self._pools.setdefault(env_id if self._by_env_id else "", []).append(env)
+
+    async def amap(self, jobs: list[tuple], play: Callable[..., Any], label: str = "episodes") -> list[Any]:
+        """`await play(env, *job)` for every job (a tuple whose first item is the Task),
+        `concurrency` at a time, each on a pooled env of the task's env id; results in job
+        order, with a progress bar."""
         sem = asyncio.Semaphore(self.concurrency)
-        jobs = [(i, task, g) for i, task in enumerate(tasks) for g in range(self.group_size)]
-        results: dict[tuple[int, int], Trajectory] = {}
+        results: list[Any] = [None] * len(jobs)
+        columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[passed]} passed")]
+        with Progress(*columns, disable=not self.progress, transient=False) as bar:
+            bar_id = bar.add_task(label, total=len(jobs), passed=0)
+            passed = [0]
+
+            async def one(i: int, job: tuple) -> None:
+                env_id = job[0].env_id
+                async with sem:
+                    env = self._env(env_id)
+                    try:
+                        results[i] = await play(env, *job)
+                    finally:
+                        self._release(env_id, env)
+                passed[0] += int(getattr(results[i], "outcome", None) == Outcome.PASSED)
+                bar.update(bar_id, advance=1, passed=passed[0])
+
+            await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs)))
+        return results
+
+    async def arun(self, tasks: list[Task], seed: int = 0, seeds: list[int] | None = None) -> list[Trajectory]:
+        """All episodes of `tasks`, ordered by task then sample. Task i uses env seed
+        `seeds[i]` if given (a trainer keeps a task's seed stable across steps), else `seed + i`;
+        the G samples of a group share it."""
         sink = None
         if self.out_path:
             self.out_path.parent.mkdir(parents=True, exist_ok=True)
             sink = self.out_path.open("w")
-        columns = [TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[passed]} passed")]
-        with Progress(*columns, disable=not self.progress, transient=False) as bar:
-            bar_id = bar.add_task("rollouts", total=len(jobs), passed=0)
 
-            async def one(i: int, task: Task, g: int) -> None:
-                async with sem:
-                    env = self._env()
-                    try:
-                        traj = await run_episode(env, self.agent, task, seed + i, g, self.limits, self.verifier)
-                    finally:
-                        self._envs.append(env)
-                results[(i, g)] = traj
-                if sink:
-                    sink.write(traj.model_dump_json() + "\n")
-                    sink.flush()
-                passed = sum(t.outcome == Outcome.PASSED for t in results.values())
-                bar.update(bar_id, advance=1, passed=passed)
+        async def play(env: ToolEnv, task: Task, task_seed: int, g: int) -> Trajectory:
+            traj = await run_episode(env, self.agent, task, task_seed, g, self.limits, self.verifier)
+            if sink:
+                sink.write(traj.model_dump_json() + "\n")
+                sink.flush()
+            return traj
 
-            try:
-                await asyncio.gather(*(one(i, t, g) for i, t, g in jobs))
-            finally:
-                if sink:
-                    sink.close()
-        return [results[(i, g)] for i, _, g in jobs]
+        seeds = seeds if seeds is not None else [seed + i for i in range(len(tasks))]
+        jobs = [(task, seeds[i], g) for i, task in enumerate(tasks) for g in range(self.group_size)]
+        try:
+            return await self.amap(jobs, play, "rollouts")
+        finally:
+            if sink:
+                sink.close()
 
     def run(self, tasks: list[Task], seed: int = 0) -> list[Trajectory]:
         """Synchronous wrapper around `arun`."""
@@ -226,6 +253,18 @@ class RolloutRunner:
 
     def close(self) -> None:
         """Close pooled environments."""
-        for env in self._envs:
-            env.close()
-        self._envs.clear()
+        for pool in self._pools.values():
+            for env in pool:
+                env.close()
+        self._pools.clear()
+
+
+def _takes_an_argument(fn: Callable) -> bool:
+    """True if `fn` can be called with one positional argument (the env id)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)

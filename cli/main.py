@@ -1,0 +1,41 @@
+"""Entry point: every command module registers on the app; errors become one line."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from toolgym.cli import envs, evaluation, sandbox, train  # noqa: F401  (they register their commands)
+from toolgym.cli.app import CLIError, app, err_console
+
+
+def main() -> None:
+    """Entry point: run the app, turning known errors into one line and exit code 2."""
+    import gymnasium
+
+    from toolgym.harness.policy import PolicyError
+    from toolgym.sandbox import SandboxError
+    from toolgym.tasks import SplitLeakError, TaskLoadError
+
+    try:
+        rc = app(standalone_mode=False)  # click returns a raised Exit's code in this mode
+        if isinstance(rc, int) and rc != 0:
+            sys.exit(rc)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except (CLIError, TaskLoadError, SplitLeakError, KeyError, ValueError, FileNotFoundError, OSError,
+            gymnasium.error.Error, PolicyError, SandboxError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
+        err_console.print(f"error: {msg}")
+        sys.exit(2)
+    except Exception as err:  # click usage errors and anything unforeseen: still one line
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        if isinstance(err, click.exceptions.Abort):
+            sys.exit(130)
+        err_console.print(f"error: {type(err).__name__}: {err}")
+        sys.exit(1)

@@ -1,0 +1,96 @@
+"""Training commands: train, sft, report, and demo (the main job: a CPU training campaign)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from toolgym.cli.app import CLIError, app, console
+
+#: The main job's campaign config (examples/demo.yaml, shipped with the package).
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
+
+
+def _load(config: Path, out: Optional[Path], overrides: list[str]):
+    from toolgym.trainers.config import ConfigError, load_config
+
+    extra = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CLIError(f"--set {item!r}: expected KEY=VALUE, e.g. --set rl.steps=5")
+        import yaml
+
+        extra[key.strip()] = yaml.safe_load(value)
+    if out is not None:
+        extra["out_dir"] = str(out)
+    try:
+        return load_config(config, extra)
+    except ConfigError as err:
+        raise CLIError(str(err)) from None
+
+
+def _run(config, resume: bool, sft_only: bool = False) -> dict:
+    from toolgym.trainers.campaign import Campaign
+
+    campaign = Campaign(config, console=console)
+    return campaign.run(resume=resume, sft_only=sft_only)
+
+
+def _print_headline(result: dict) -> None:
+    for suite, numbers in result.get("suites", {}).items():
+        if numbers.get("gain_points") is not None:
+            console.print(f"[bold]{suite}[/] held-out pass@1: {numbers['before']:.3f} -> {numbers['after']:.3f} "
+                          f"({numbers['gain_points']:+.1f} points)")
+    if result.get("report"):
+        console.print(f"report: {result['report']}")
+
+
+@app.command()
+def train(config: Path = typer.Argument(..., help="campaign YAML (see examples/)"),
+          resume: bool = typer.Option(False, "--resume", help="continue from the run's last checkpoint"),
+          out: Optional[Path] = typer.Option(None, help="run directory (default: the config's out_dir)"),
+          set_: list[str] = typer.Option([], "--set", help="override a config field, e.g. --set rl.steps=5")) -> None:
+    """Run a training campaign: SFT warm start (if configured), GRPO with the learnability
+    sampler, held-out evaluation, checkpoints, metrics (JSONL + TensorBoard) and a report."""
+    _print_headline(_run(_load(config, out, set_), resume))
+
+
+@app.command()
+def sft(config: Path = typer.Argument(..., help="campaign YAML; its `sft` section is used"),
+        out: Optional[Path] = typer.Option(None, help="run directory (default: the config's out_dir)"),
+        set_: list[str] = typer.Option([], "--set", help="override a config field")) -> None:
+    """Only the SFT stage on oracle demonstrations, then a held-out evaluation; writes OUT/sft-model."""
+    cfg = _load(config, out, set_)
+    if cfg.sft.steps == 0:
+        raise CLIError(f"{config}: sft.steps is 0; set it (e.g. --set sft.steps=200)")
+    _run(cfg, resume=False, sft_only=True)
+    console.print(f"SFT model: {Path(cfg.out_dir) / 'sft-model'}")
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="a `toolgym train` run directory")) -> None:
+    """Draw the run's PNG plots and write its markdown summary (RUN_DIR/report.md)."""
+    from toolgym.trainers.report import ReportError, write_report
+
+    if not run_dir.is_dir():
+        raise CLIError(f"{run_dir}: no such directory")
+    try:
+        result = write_report(run_dir)
+    except ReportError as err:
+        raise CLIError(str(err)) from None
+    _print_headline(result)
+    console.print(f"plots: {len(result['plots'])} in {run_dir / 'plots'}")
+
+
+@app.command()
+def demo(out: Path = typer.Option(Path("runs/demo"), help="run directory"),
+         set_: list[str] = typer.Option([], "--set", help="override a field of the demo config")) -> None:
+    """The main job on the embedded defaults: build the tiny CPU policy, SFT it on oracle
+    demonstrations, GRPO on records + sandboxed shell-ops (bwrap) with the learnability sampler,
+    evaluate on the held-out splits before and after, and write the report (examples/demo.yaml)."""
+    if not DEMO_CONFIG.exists():
+        raise CLIError(f"the demo config is missing ({DEMO_CONFIG}); reinstall toolgym")
+    _print_headline(_run(_load(DEMO_CONFIG, out, set_), resume=False))

@@ -1,0 +1,95 @@
+"""Trajectories to tensors: right-padded token ids, the loss mask, rollout logprobs, micro-batches.
+
+Positions are shifted once here: column t of every (B, T-1) tensor is about token t+1 of the
+sequence (the logits at position t predict it), so the loss mask, the rollout logprobs and the
+model's log-probabilities line up without further bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from toolgym.harness.trajectory import Trajectory
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch; `mask`, `rollout_logp` and `advantages` follow the shifted layout."""
+
+    input_ids: torch.Tensor     # (B, T) right-padded
+    attention: torch.Tensor     # (B, T) 1 on real tokens
+    mask: torch.Tensor          # (B, T-1) 1 where token t+1 was sampled by the policy
+    rollout_logp: torch.Tensor  # (B, T-1) the behaviour policy's logprob of token t+1 (0 off-mask)
+    advantages: torch.Tensor    # (B,) one scalar per trajectory
+
+    @property
+    def tokens(self) -> int:
+        """Policy tokens in the batch."""
+        return int(self.mask.sum())
+
+    def to(self, device: torch.device | str) -> "TokenBatch":
+        """The same batch on `device`."""
+        return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention, self.mask, self.rollout_logp,
+                                                   self.advantages)))
+
+
+def pack(trajectories: list[Trajectory], advantages: list[float] | torch.Tensor, pad_id: int,
+         max_len: int | None = None) -> TokenBatch:
+    """Pad trajectories into one `TokenBatch` (longer ones cut at `max_len` from the right)."""
+    if not trajectories:
+        raise ValueError("cannot pack an empty list of trajectories")
+    seqs = [t.token_ids[:max_len] if max_len else t.token_ids for t in trajectories]
+    width = max(len(s) for s in seqs)
+    n = len(seqs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.float32)
+    logp = torch.zeros((n, width), dtype=torch.float32)
+    for i, (traj, seq) in enumerate(zip(trajectories, seqs)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        mask[i, : len(seq)] = torch.tensor(traj.loss_mask[: len(seq)], dtype=torch.float32)
+        logp[i, : len(seq)] = torch.tensor(traj.logprobs[: len(seq)], dtype=torch.float32)
+    adv = torch.as_tensor(advantages, dtype=torch.float32)
+    return TokenBatch(ids, attention, mask[:, 1:], logp[:, 1:], adv)
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped so that (sequences x longest sequence) stays within `token_budget`;
+    similar lengths go together (less padding). A sequence longer than the budget goes alone."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = max([lengths[j] for j in current] + [lengths[i]])
+        if current and longest * (len(current) + 1) > token_budget:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def select(batch: TokenBatch, index: list[int]) -> TokenBatch:
+    """The rows `index` of a batch, trimmed to their longest sequence."""
+    idx = torch.tensor(index)
+    width = int(batch.attention[idx].sum(1).max())
+    return TokenBatch(batch.input_ids[idx, :width], batch.attention[idx, :width], batch.mask[idx, : width - 1],
+                      batch.rollout_logp[idx, : width - 1], batch.advantages[idx])
+
+
+def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
+                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(token t+1 | tokens <= t) for every position (B, T-1), and optionally the entropy of
+    each predictive distribution. Right padding keeps real tokens at positions 0..len-1."""
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(2, input_ids[:, 1:].unsqueeze(2)).squeeze(2)
+    entropy = -(logp_all.exp() * logp_all).sum(-1).detach() if with_entropy else None
+    return logp, entropy
+
+
+__all__ = ["TokenBatch", "micro_batches", "pack", "select", "sequence_logprobs"]

@@ -1,0 +1,362 @@
+"""The training campaign: SFT warm start, then GRPO with the learnability sampler, evaluated on
+held-out splits, with checkpoints, resume, metrics and a report.
+
+One RL step: draw tasks (per environment, by weight, through each suite's sampler, before any
+rollout) -> roll out G episodes per task with the harness (each on its own env id) -> verify ->
+safety penalties from the ledger -> advantages per group (groups with an infra/verifier error
+are dropped whole, zero-variance groups are left out of the gradient) -> masked loss in
+micro-batches -> optimizer step -> the in-process policy samples with the new weights next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from rich.console import Console
+
+import toolgym
+from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
+from toolgym.harness.demonstrations import collect_demonstrations
+from toolgym.harness.eval_run import run_eval
+from toolgym.harness.hf_policy import HFPolicy
+from toolgym.harness.trajectory import Trajectory
+from toolgym.sandbox import SafetyPolicy, SandboxConfig, SideEffect
+from toolgym.tasks import Task, builtin_suite
+from toolgym.trainers import core_algos as ca
+from toolgym.trainers.batching import pack
+from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, load_checkpoint, save_checkpoint
+from toolgym.trainers.config import CampaignConfig, EnvMix
+from toolgym.trainers.learner import Learner, apply_lora
+from toolgym.trainers.sampler import LearnabilitySampler
+from toolgym.verifiers import Outcome
+
+
+def build_policy(config: CampaignConfig) -> HFPolicy:
+    """The policy to train: the tiny model toolgym builds (sized by the config), or any HF model."""
+    settings = config.model
+    if settings.init == "tiny":
+        from toolgym.harness.tiny import DEFAULT_DIR, build_tiny_policy
+
+        t = settings.tiny
+        path = build_tiny_policy(DEFAULT_DIR.with_name(f"tiny-policy-v1-h{t.hidden}-l{t.layers}-v{t.vocab}"),
+                                 vocab_size=t.vocab, hidden=t.hidden, layers=t.layers, seed=config.seed)
+        return HFPolicy(str(path), device=settings.device, dtype=settings.dtype, name="tiny")
+    return HFPolicy(settings.init, device=settings.device, dtype=settings.dtype)
+
+
+def allocate(n: int, weights: list[float]) -> list[int]:
+    """Split `n` tasks by weight (largest remainder; every env gets one when n allows)."""
+    w = np.array(weights, dtype=float) / sum(weights)
+    counts = np.floor(w * n).astype(int)
+    if n >= len(weights):
+        counts = np.maximum(counts, 1)
+    while counts.sum() < n:
+        counts[int(np.argmax(w * n - counts))] += 1
+    while counts.sum() > n:
+        counts[int(np.argmax(counts))] -= 1
+    return counts.tolist()
+
+
+def episode_seed(seed: int, step: int, index: int) -> int:
+    """The env/sampling seed of task `index` at `step`: new samples every step, identical on resume."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{index}".encode()).digest()[:4], "little")
+
+
+class Campaign:
+    """A training run in `config.out_dir` (see the module docstring)."""
+
+    def __init__(self, config: CampaignConfig, progress: bool = True, console: Console | None = None) -> None:
+        self.config = config
+        self.progress = progress
+        self.console = console or Console()
+        self.run_dir = Path(config.out_dir)
+        self.rng = np.random.default_rng(config.seed)
+        torch.manual_seed(config.seed)
+        self.policy = build_policy(config)
+        self.tokenizer = self.policy.tokenizer
+        if config.rl.learner.lora is not None:
+            self.policy.model = apply_lora(self.policy.model, config.rl.learner.lora)
+        self.learner = Learner(self.policy.model, config.rl.learner)
+        self.suites = {mix.suite: builtin_suite(mix.suite) for mix in config.envs}
+        self.mix = {mix.suite: mix for mix in config.envs}
+        self.train_tasks: dict[str, dict[str, Task]] = {}
+        for mix in config.envs:
+            tasks = self.suites[mix.suite].split("train").tasks
+            tasks = tasks[: mix.train_tasks] if mix.train_tasks else tasks
+            self.train_tasks[mix.suite] = {t.id: t for t in tasks}
+        self.samplers = {s: LearnabilitySampler(list(tasks), config.sampler) for s, tasks in self.train_tasks.items()}
+        self.safety = {mix.env if "/" in mix.env else f"toolgym/{mix.env}": self._sandbox_config(mix).policy
+                       for mix in config.envs}
+        self.metrics: MetricsLog | None = None
+        self.step = 0
+        self._runner: RolloutRunner | None = None
+
+    # ---- environments and agents ----------------------------------------------------------------
+
+    @staticmethod
+    def _sandbox_config(mix: EnvMix) -> SandboxConfig:
+        return SandboxConfig.model_validate(mix.sandbox or {})
+
+    def make_env(self, env_id: str):
+        """An environment for `env_id` with the campaign's sandbox settings for it."""
+        for mix in self.config.envs:
+            full = mix.env if "/" in mix.env else f"toolgym/{mix.env}"
+            if full == env_id and mix.sandbox is not None:
+                return toolgym.make(mix.env, sandbox=mix.sandbox).unwrapped
+        return toolgym.make(env_id).unwrapped
+
+    def agent(self, temperature: float) -> TokenAgent:
+        """A token agent on the shared policy (it samples with the current weights)."""
+        r = self.config.rollout
+        return TokenAgent(self.policy, self.tokenizer, SamplingParams(max_new_tokens=r.max_new_tokens,
+                                                                      temperature=temperature, top_p=r.top_p))
+
+    def limits(self) -> RolloutLimits:
+        """Per-episode limits of the campaign."""
+        r = self.config.rollout
+        return RolloutLimits(max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens,
+                             max_total_tokens=r.max_total_tokens)
+
+    def runner(self) -> RolloutRunner:
+        """The rollout runner (environments pooled across steps)."""
+        if self._runner is None:
+            self._runner = RolloutRunner(self.make_env, self.agent(self.config.rollout.temperature),
+                                         group_size=self.config.rl.group_size, concurrency=self.config.rollout.concurrency,
+                                         limits=self.limits(), progress=self.progress)
+        return self._runner
+
+    # ---- the whole run ----------------------------------------------------------------------------
+
+    def run(self, resume: bool = False, sft_only: bool = False) -> dict[str, Any]:
+        """SFT (if configured), evaluation, RL steps with checkpoints, final evaluation, report."""
+        c = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if not resume and (self.run_dir / "metrics.jsonl").exists():
+            for stale in ("metrics.jsonl", "tensorboard", "checkpoints", "eval"):
+                path = self.run_dir / stale
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(c.model_dump(mode="json"), sort_keys=False))
+        self.metrics = MetricsLog(self.run_dir)
+        try:
+            if ckpt is not None:
+                self._restore(ckpt)
+                self.console.print(f"resumed from {ckpt.name} (step {self.step})")
+            else:
+                if c.sft.steps:
+                    self.sft_stage()
+                self.evaluate("sft" if c.sft.steps else "initial")
+                self.checkpoint()
+            if sft_only:
+                self._export("sft-model")
+                return {"step": self.step}
+            while self.step < c.rl.steps:
+                self.step += 1
+                self.metrics.log(self.step, self.rl_step())
+                if c.eval.every and self.step % c.eval.every == 0 and self.step < c.rl.steps:
+                    self.evaluate(f"step-{self.step}")
+                if self.step % c.checkpoint.every == 0 or self.step == c.rl.steps:
+                    self.checkpoint()
+            self.evaluate("final")
+            self._export("final-model")
+        finally:
+            self.close()
+        from toolgym.trainers.report import write_report
+
+        return write_report(self.run_dir)
+
+    def close(self) -> None:
+        """Close environments and the metrics log."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        if self.metrics is not None:
+            self.metrics.close()
+
+    # ---- SFT ------------------------------------------------------------------------------------
+
+    def sft_stage(self) -> None:
+        """Warm start on oracle demonstrations of train tasks (same renderer and masks as RL)."""
+        s = self.config.sft
+        tasks = [t for suite in self.train_tasks.values() for t in list(suite.values())[: s.demos_per_suite]]
+        self.console.print(f"SFT: collecting {len(tasks)} oracle demonstrations")
+        demos = collect_demonstrations(tasks, self.tokenizer, self.make_env, progress=self.progress,
+                                       concurrency=self.config.rollout.concurrency)
+        if not demos:
+            raise RuntimeError("no oracle demonstration passed its verifier: check the environments")
+        sft = Learner(self.policy.model, self.learner.config.model_copy(update={"lr": s.lr}))
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = [TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("loss {task.fields[loss]:.3f}")]
+        order = self.rng.permutation(len(demos))
+        with Progress(*columns, disable=not self.progress) as bar:
+            bar_id = bar.add_task("sft", total=s.steps, loss=float("nan"))
+            for i in range(s.steps):
+                start = (i * s.batch_size) % len(demos)
+                if start + s.batch_size > len(demos):
+                    order = self.rng.permutation(len(demos))
+                    start = 0
+                chosen = [demos[int(j)] for j in order[start: start + s.batch_size]]
+                m = sft.sft_step(pack(chosen, [0.0] * len(chosen), self.policy.pad_id,
+                                      self.config.rollout.max_total_tokens))
+                self.metrics.log(i + 1, m, kind="sft")
+                bar.update(bar_id, advance=1, loss=m["sft_loss"])
+
+    # ---- RL -------------------------------------------------------------------------------------
+
+    def draw(self) -> list[tuple[str, Task]]:
+        """This step's tasks: per environment by weight, each suite's sampler choosing."""
+        counts = allocate(self.config.rl.tasks_per_step, [m.weight for m in self.config.envs])
+        chosen = []
+        for mix, n in zip(self.config.envs, counts):
+            for task_id in self.samplers[mix.suite].draw(n, self.rng):
+                chosen.append((mix.suite, self.train_tasks[mix.suite][task_id]))
+        return chosen
+
+    def rl_step(self) -> dict[str, Any]:
+        """One campaign step (see the module docstring); returns its metrics."""
+        c = self.config
+        t0 = time.perf_counter()
+        chosen = self.draw()
+        tasks = [t for _, t in chosen]
+        seeds = [episode_seed(c.seed, self.step, i) for i in range(len(tasks))]
+        trajs = asyncio.run(self.runner().arun(tasks, seeds=seeds))
+        t_rollout = time.perf_counter() - t0
+        suite_of = {t.id: s for s, t in chosen}
+        rewards = [self.shaped_reward(t) for t in trajs]
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, t in enumerate(trajs):
+            groups[t.group_id].append(i)
+        broken = {g for g, idx in groups.items() if any(not trajs[i].outcome.is_agent_attempt for i in idx)}
+        for g, idx in groups.items():  # infra/verifier errors say nothing about the task: not counted
+            if g not in broken:
+                task_id = trajs[idx[0]].task_id
+                self.samplers[suite_of[task_id]].update(task_id, [float(trajs[i].outcome == Outcome.PASSED) for i in idx],
+                                                        self.step)
+        keep = [i for g, idx in groups.items() if g not in broken for i in idx]
+        metrics: dict[str, Any] = self._rollout_metrics(trajs, rewards, t_rollout, broken)
+        train_metrics: dict[str, Any] = {}
+        if keep:
+            r = torch.tensor([rewards[i] for i in keep])
+            gid = torch.tensor([list(groups).index(trajs[i].group_id) for i in keep])
+            adv = ca.ADVANTAGES[c.rl.advantage](r, gid)
+            signal = ca.group_signal(r, gid)
+            metrics.update({f"groups_{k}": v for k, v in signal.items()})
+            metrics["groups_zero_variance_frac"] = signal["zero_variance"] / max(1, signal["groups"])
+            metrics["groups_all_pass_frac"] = signal["all_pass"] / max(1, signal["groups"])
+            metrics["groups_all_fail_frac"] = signal["all_fail"] / max(1, signal["groups"])
+            live = ~ca.zero_variance_mask(r, gid) if c.rl.drop_zero_variance else torch.ones(len(keep), dtype=torch.bool)
+            train = [(trajs[keep[j]], float(adv[j])) for j in range(len(keep)) if live[j] and trajs[keep[j]].has_tokens]
+            if train:
+                batch = pack([t for t, _ in train], [a for _, a in train], self.policy.pad_id, c.rollout.max_total_tokens)
+                train_metrics = self.learner.rl_step(batch)
+            metrics["trained_trajectories"] = len(train)
+        metrics.update(train_metrics)
+        metrics["time_rollout_s"] = t_rollout
+        metrics["time_train_s"] = train_metrics.get("train_seconds", 0.0)
+        metrics["time_step_s"] = time.perf_counter() - t0
+        for suite, sampler in self.samplers.items():
+            metrics[f"sampler/{suite}"] = sampler.summary()
+        return metrics
+
+    def shaped_reward(self, traj: Trajectory) -> float:
+        """The verifier's reward less the safety policy's penalties for the episode's side effects."""
+        policy = self.safety.get(traj.env_id, SafetyPolicy())
+        events = []
+        for e in traj.side_effects:
+            try:
+                events.append(SideEffect.model_validate(e))
+            except ValueError:
+                continue
+        return policy.penalize(traj.reward, events)
+
+    def _rollout_metrics(self, trajs: list[Trajectory], rewards: list[float], seconds: float,
+                         broken: set[str]) -> dict[str, Any]:
+        graded = [i for i, t in enumerate(trajs) if t.outcome.is_agent_attempt]
+        r = np.array([rewards[i] for i in graded]) if graded else np.zeros(0)
+        outcomes = Counter(t.outcome.value for t in trajs)
+        n = max(1, len(trajs))
+        policy_tokens = [sum(t.loss_mask) for t in trajs]
+        effects = Counter(e.get("kind", "?") for t in trajs for e in t.side_effects)
+        verify_s = sum(t.verdict.duration_s for t in trajs if t.verdict is not None)
+        return {
+            "reward_mean": float(r.mean()) if r.size else 0.0, "reward_std": float(r.std()) if r.size else 0.0,
+            "pass_rate": sum(trajs[i].outcome == Outcome.PASSED for i in graded) / max(1, len(graded)),
+            "episodes": len(trajs), "infra_or_verifier_errors": len(trajs) - len(graded),
+            "groups_dropped_infra": len(broken),
+            "outcomes": {k: v / n for k, v in outcomes.items()},
+            "truncation_rate": outcomes.get("timeout", 0) / n,
+            "response_tokens_mean": float(np.mean(policy_tokens)) if policy_tokens else 0.0,
+            "episode_tokens_mean": float(np.mean([len(t.segments) and len(t.token_ids) for t in trajs])),
+            "turns_mean": float(np.mean([len(t.turns) for t in trajs])),
+            "tool_calls_mean": float(np.mean([t.tool_calls for t in trajs])),
+            "tool_errors_mean": float(np.mean([sum(t.tool_errors.values()) for t in trajs])),
+            "side_effect_rate": {k: v / n for k, v in effects.items()},
+            "episodes_with_side_effects": sum(bool(t.side_effects) for t in trajs) / n,
+            "rollout_tokens_per_s": sum(policy_tokens) / max(seconds, 1e-9),
+            "time_verify_s": verify_s,
+        }
+
+    # ---- evaluation, checkpoints ------------------------------------------------------------------
+
+    def evaluate(self, label: str) -> dict[str, Any]:
+        """Held-out pass@k per environment (harness `evaluate`), written under eval/<label>/."""
+        c = self.config
+        results = {}
+        for mix in c.envs:
+            suite = self.suites[mix.suite]
+            out = self.run_dir / "eval" / label / mix.suite
+            report, _ = run_eval(f"{self.policy.name}@{label}", suite, "held-out", c.eval.samples, c.eval.ks,
+                                 mix.eval_tasks, c.rollout.concurrency, c.seed, out, self.limits(),
+                                 progress=self.progress, agent=self.agent(c.eval.temperature), env_factory=self.make_env)
+            results[mix.suite] = {f"pass@{k}": report.overall.pass_at[str(k)].value for k in c.eval.ks}
+            results[mix.suite]["infra_error_rate"] = report.overall.outcome_rates.get("infra_error", 0.0)
+            self.console.print(f"eval {label} {mix.suite}: " + ", ".join(
+                f"pass@{k} {report.overall.pass_at[str(k)].value:.3f} [{report.overall.pass_at[str(k)].low:.3f}, "
+                f"{report.overall.pass_at[str(k)].high:.3f}]" for k in c.eval.ks))
+        assert self.metrics is not None
+        self.metrics.log(self.step, {"label": label, **results}, kind="eval")
+        return results
+
+    def checkpoint(self) -> Path:
+        """Save everything `--resume` needs (atomically)."""
+        assert self.metrics is not None
+        state = {"rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state().tolist(),
+                 "samplers": {s: sampler.state_dict() for s, sampler in self.samplers.items()},
+                 "metrics_lines": self.metrics.lines()}
+        return save_checkpoint(self.run_dir, self.step, self.policy.model, self.learner.optimizer, state,
+                               self.config.checkpoint.keep)
+
+    def _restore(self, path: Path) -> None:
+        state = load_checkpoint(path, self.policy.model, self.learner.optimizer)
+        self.step = int(state["step"])
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        self.samplers = {s: LearnabilitySampler.from_state(st) for s, st in state["samplers"].items()}
+        assert self.metrics is not None
+        self.metrics.truncate(int(state["metrics_lines"]))
+
+    def _export(self, name: str) -> Path:
+        """The trained model as a `from_pretrained` directory (with the tokenizer)."""
+        out = self.run_dir / name
+        model = self.policy.model
+        if hasattr(model, "merge_and_unload"):  # LoRA: export merged weights, keep the adapters trainable
+            import copy
+
+            model = copy.deepcopy(model).merge_and_unload()
+        model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        return out
+
+
+__all__ = ["Campaign", "allocate", "build_policy", "episode_seed"]

@@ -1,0 +1,153 @@
+"""The campaign configuration: YAML validated by pydantic, errors that name the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from toolgym.trainers.learner import LearnerConfig
+from toolgym.trainers.sampler import SamplerConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TinyModel(_Strict):
+    """The tiny policy toolgym builds itself (tokenizer trained here, Qwen2 architecture)."""
+
+    hidden: int = Field(default=64, ge=16)
+    layers: int = Field(default=2, ge=1)
+    vocab: int = Field(default=1024, ge=300)
+
+
+class ModelSettings(_Strict):
+    """Which model to train and where."""
+
+    init: str = Field(default="tiny", description="tiny | a model directory | a hub id")
+    tiny: TinyModel = Field(default_factory=TinyModel)
+    device: str | None = Field(default=None, description="cpu | cuda | cuda:N (default: cuda if present)")
+    dtype: str = Field(default="auto", description="bf16 | fp16 | fp32 | auto (bf16 on CUDA, fp32 on CPU)")
+
+
+class EnvMix(_Strict):
+    """One environment of the campaign, its suite and its share of each batch."""
+
+    env: str = Field(description="registered env id, e.g. records-v0")
+    suite: str = Field(description="registered suite name, e.g. records")
+    weight: float = Field(default=1.0, gt=0)
+    sandbox: dict[str, Any] | None = Field(default=None, description="SandboxConfig fields for sandboxed envs")
+    train_tasks: int = Field(default=0, ge=0, description="use the first N train tasks (0 = all)")
+    eval_tasks: int = Field(default=0, ge=0, description="evaluate on the first N held-out tasks (0 = all)")
+
+
+class SFTSettings(_Strict):
+    """Warm start on oracle demonstrations (same renderer and masks as RL)."""
+
+    steps: int = Field(default=0, ge=0, description="0 = no SFT stage")
+    batch_size: int = Field(default=16, ge=1)
+    lr: float = Field(default=3e-3, gt=0)
+    demos_per_suite: int = Field(default=256, ge=1, description="demonstrations from the first N train tasks")
+
+
+class RLSettings(_Strict):
+    """The GRPO stage."""
+
+    steps: int = Field(default=20, ge=0)
+    tasks_per_step: int = Field(default=8, ge=1)
+    group_size: int = Field(default=8, ge=2, description="G rollouts per task (same seed); >= 2 for a baseline")
+    advantage: str = Field(default="grpo", pattern="^(grpo|drgrpo|rloo)$")
+    drop_zero_variance: bool = Field(default=True, description="leave groups with equal rewards out of the gradient")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+
+
+class RolloutSettings(_Strict):
+    """How episodes are played during training and evaluation."""
+
+    max_turns: int = Field(default=6, ge=1)
+    max_new_tokens: int = Field(default=64, ge=1)
+    max_total_tokens: int = Field(default=2048, ge=64)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    concurrency: int = Field(default=64, ge=1)
+
+
+class EvalSettings(_Strict):
+    """Held-out evaluation through the harness's `evaluate` (pass@k with bootstrap CIs)."""
+
+    every: int = Field(default=0, ge=0, description="evaluate every N RL steps (0 = before and after only)")
+    temperature: float = Field(default=1.0, ge=0, description="the same for the SFT and the final checkpoint")
+    samples: int = Field(default=1, ge=1)
+    ks: list[int] = Field(default_factory=lambda: [1])
+
+
+class CheckpointSettings(_Strict):
+    """Atomic checkpoints: weights, optimizer, sampler, RNG states, step, metrics so far."""
+
+    every: int = Field(default=5, ge=1)
+    keep: int = Field(default=2, ge=1)
+
+
+class CampaignConfig(_Strict):
+    """A training campaign (see `examples/*.yaml`)."""
+
+    name: str = "campaign"
+    seed: int = 0
+    out_dir: str = "runs/campaign"
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    envs: list[EnvMix] = Field(min_length=1)
+    sft: SFTSettings = Field(default_factory=SFTSettings)
+    rl: RLSettings = Field(default_factory=RLSettings)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> "CampaignConfig":
+        from toolgym.trainers import core_algos
+
+        if self.rl.learner.loss not in core_algos.POLICY_LOSSES:
+            raise ValueError(f"rl.learner.loss {self.rl.learner.loss!r}: use one of {', '.join(core_algos.POLICY_LOSSES)}")
+        if self.rl.learner.agg not in core_algos.AGGREGATIONS:
+            raise ValueError(f"rl.learner.agg {self.rl.learner.agg!r}: use one of {', '.join(core_algos.AGGREGATIONS)}")
+        return self
+
+
+class ConfigError(ValueError):
+    """A campaign config that cannot be used; the message names the field and the fix."""
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> CampaignConfig:
+    """Read and validate a campaign YAML file (`overrides` are merged in, e.g. from the CLI)."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    for key, value in (overrides or {}).items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    try:
+        return CampaignConfig.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        hint = {"extra_forbidden": "unknown field: check its spelling against the example configs",
+                "missing": "this field is required"}.get(first["type"], first["msg"])
+        raise ConfigError(f"{path}: {where}: {hint}" + (f" (got {first['input']!r})" if first["type"] not in (
+            "missing",) and not isinstance(first.get("input"), dict) else "")) from None
+
+
+__all__ = ["CampaignConfig", "CheckpointSettings", "ConfigError", "EnvMix", "EvalSettings", "ModelSettings",
+           "RLSettings", "RolloutSettings", "SFTSettings", "TinyModel", "load_config"]

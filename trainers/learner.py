@@ -1,0 +1,204 @@
+"""The update: masked policy-gradient (or SFT) steps on a model, in micro-batches by token budget.
+
+`Learner` owns the optimizer. One `rl_step` takes a packed batch of trajectories with their
+advantages: the model's log-probabilities of the sampled tokens are recomputed (the mismatch
+with the rollout logprobs is measured), the registered loss of `core_algos` is applied to policy
+tokens only, gradients accumulate over micro-batches with the normalisation of the whole batch,
+then one optimizer step per mini-batch. `sft_step` is the same path with a masked NLL loss, so
+SFT trains exactly the tokens RL later trains.
+
+The policy that samples (`HFPolicy`) shares this model object: after a step its next batch
+already uses the new weights (in-process weight sync). LoRA goes through `peft`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from toolgym.trainers import core_algos as ca
+from toolgym.trainers.batching import TokenBatch, micro_batches, select, sequence_logprobs
+
+
+class LoraSettings(BaseModel):
+    """LoRA through peft (None in the config = full fine-tune)."""
+
+    r: int = Field(default=16, ge=1)
+    alpha: int = Field(default=32, ge=1)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+
+
+class LearnerConfig(BaseModel):
+    """Optimisation settings."""
+
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = Field(default=1.0, gt=0)
+    token_budget: int = Field(default=16384, ge=64, description="padded tokens per micro-batch")
+    loss: str = Field(default="ppo", description="ppo | gspo | cispo")
+    agg: str = Field(default="token-mean", description="token-mean | seq-mean-token-mean | seq-mean-token-sum-norm")
+    agg_norm: float | None = Field(default=None, description="Dr.GRPO's constant length for seq-mean-token-sum-norm")
+    eps_low: float | None = 0.2
+    eps_high: float = 0.28
+    kl_beta: float = Field(default=0.0, ge=0, description="0 keeps no reference model in memory")
+    tis_cap: float | None = Field(default=None, gt=0, description="truncated importance sampling cap "
+                                  "(for a separate inference engine); None = off")
+    updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps (mini-batches) per batch")
+    lora: LoraSettings | None = None
+
+
+def apply_lora(model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
+    """Wrap `model` with LoRA adapters (peft); only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    targets = [t for t in lora.target_modules if t in names]
+    if not targets:
+        raise ValueError(f"LoRA target modules {lora.target_modules} match no module of the model")
+    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                            target_modules=targets, task_type="CAUSAL_LM"))
+
+
+def _micro_weight(agg: str, mask: torch.Tensor, total_tokens: float, total_seqs: float, total_nonempty: float) -> float:
+    """The share of the whole batch's normaliser one micro-batch carries (so gradients accumulated
+    over micro-batches equal the gradient of the loss over the whole batch)."""
+    if agg == "token-mean":
+        return float(mask.sum()) / max(total_tokens, 1.0)
+    if agg == "seq-mean-token-mean":
+        return float((mask.sum(1) > 0).sum()) / max(total_nonempty, 1.0)
+    return float(mask.shape[0]) / max(total_seqs, 1.0)
+
+
+class Learner:
+    """Optimizer and update steps for one model (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig | None = None) -> None:
+        self.config = config or LearnerConfig()
+        self.model = model
+        self.ref_model = None
+        if self.config.kl_beta > 0 and self.config.lora is None:
+            self.ref_model = copy.deepcopy(model).eval()  # frozen reference (LoRA: the base with adapters off)
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas,
+                                           weight_decay=self.config.weight_decay)
+        self.device = next(model.parameters()).device
+
+    # ---- shared -----------------------------------------------------------------------------
+
+    def _ref_logp(self, mb: TokenBatch) -> torch.Tensor:
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention)[0]
+            with self.model.disable_adapter():  # peft: the base model is the reference
+                return sequence_logprobs(self.model, mb.input_ids, mb.attention)[0]
+
+    def _step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ---- RL -----------------------------------------------------------------------------------
+
+    def rl_step(self, batch: TokenBatch) -> dict[str, Any]:
+        """One policy-gradient update on `batch`; returns the step's metrics."""
+        c = self.config
+        start = time.perf_counter()
+        batch = batch.to(self.device)
+        lengths = batch.attention.sum(1).tolist()
+        chunks = _split(list(range(len(lengths))), c.updates_per_batch)
+        old: dict[int, torch.Tensor] = {}
+        if c.updates_per_batch > 1:  # later mini-batches need the logprobs from before any update
+            with torch.no_grad():
+                for group in micro_batches(lengths, c.token_budget):
+                    mb = select(batch, group)
+                    logp, _ = sequence_logprobs(self.model, mb.input_ids, mb.attention)
+                    for row, i in enumerate(group):
+                        old[i] = logp[row]
+        sums: dict[str, float] = {}
+        weights_seen: dict[str, float] = {}
+        gap_max = 0.0
+        norms = []
+        for chunk in chunks:
+            sub = select(batch, chunk)
+            total_tokens = float(sub.mask.sum())
+            total_seqs = float(sub.mask.shape[0])
+            nonempty = float((sub.mask.sum(1) > 0).sum())
+            for group in micro_batches([lengths[i] for i in chunk], c.token_budget):
+                mb = select(sub, group)
+                logp, entropy = sequence_logprobs(self.model, mb.input_ids, mb.attention, with_entropy=True)
+                if old:
+                    old_logp = torch.stack([old[chunk[g]][: logp.shape[1]] for g in group]).to(logp.device)
+                else:
+                    old_logp = logp.detach()
+                adv = ca.broadcast(mb.advantages, mb.mask)
+                tis = ca.truncated_is_weights(old_logp, mb.rollout_logp, c.tis_cap) if c.tis_cap else None
+                kwargs: dict[str, Any] = {"eps_high": c.eps_high, "agg": c.agg, "norm": c.agg_norm, "weights": tis}
+                if c.eps_low is not None or c.loss == "cispo":
+                    kwargs["eps_low"] = c.eps_low
+                loss, stats = ca.policy_loss(c.loss, logp, old_logp, adv, mb.mask, **kwargs)
+                if c.kl_beta > 0:
+                    kl = ca.aggregate(ca.kl_k3(logp, self._ref_logp(mb)), mb.mask, c.agg, c.agg_norm)
+                    loss = loss + c.kl_beta * kl
+                    stats["kl"] = float(kl)
+                w = _micro_weight(c.agg, mb.mask, total_tokens, total_seqs, nonempty)
+                (loss * w).backward()
+                gap = ca.logprob_gap(logp, mb.rollout_logp, mb.mask)
+                gap_max = max(gap_max, gap["logprob_gap_max"])
+                stats.update(loss=float(loss.detach()), entropy=float((entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1)),
+                             logprob_gap_mean=gap["logprob_gap_mean"])
+                for k, v in stats.items():
+                    if k in ("ratio_min",):
+                        sums[k] = min(sums.get(k, v), v)
+                    elif k in ("ratio_max",):
+                        sums[k] = max(sums.get(k, v), v)
+                    else:
+                        sums[k] = sums.get(k, 0.0) + v * w / len(chunks)
+                        weights_seen[k] = weights_seen.get(k, 0.0) + w / len(chunks)
+            norms.append(self._step())
+        out = {k: (v / weights_seen[k] if k in weights_seen and weights_seen[k] > 0 else v) for k, v in sums.items()}
+        elapsed = time.perf_counter() - start
+        out.update(logprob_gap_max=gap_max, grad_norm=max(norms), train_tokens=batch.tokens,
+                   train_seconds=elapsed, train_tokens_per_s=batch.tokens / max(elapsed, 1e-9))
+        return out
+
+    # ---- SFT ----------------------------------------------------------------------------------
+
+    def sft_step(self, batch: TokenBatch) -> dict[str, Any]:
+        """One masked-NLL step on the policy tokens of `batch` (token-mean over the batch)."""
+        start = time.perf_counter()
+        batch = batch.to(self.device)
+        lengths = batch.attention.sum(1).tolist()
+        total = float(batch.mask.sum())
+        nll_sum, correct = 0.0, 0.0
+        for group in micro_batches(lengths, self.config.token_budget):
+            mb = select(batch, group)
+            logp, _ = sequence_logprobs(self.model, mb.input_ids, mb.attention)
+            loss = -(logp * mb.mask).sum() / max(total, 1.0)
+            loss.backward()
+            nll_sum += float(-(logp.detach() * mb.mask).sum())
+            correct += float(((logp.detach() > -0.6931) * mb.mask).sum())  # p > 1/2: the argmax token
+        norm = self._step()
+        elapsed = time.perf_counter() - start
+        return {"sft_loss": nll_sum / max(total, 1.0), "sft_token_accuracy": correct / max(total, 1.0),
+                "grad_norm": norm, "train_tokens": int(total), "train_seconds": elapsed,
+                "train_tokens_per_s": total / max(elapsed, 1e-9)}
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    parts = max(1, min(parts, len(items)))
+    size = -(-len(items) // parts)
+    return [items[i: i + size] for i in range(0, len(items), size)]
+
+
+__all__ = ["Learner", "LearnerConfig", "LoraSettings", "apply_lora"]

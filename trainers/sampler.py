@@ -1,0 +1,164 @@
+"""Which tasks to roll out next: the learnability sampler (p(1-p) before any rollout) or uniform.
+
+A task whose pass rate p is 0 or 1 teaches nothing: every member of its GRPO group gets the same
+reward, so every advantage is 0. The reward's variance is p(1-p), largest at p = 1/2. The
+`LearnabilitySampler` keeps a Beta posterior of p per task, updated from every graded attempt,
+and draws tasks in proportion to the posterior expectation E[p(1-p)] = ab / ((a+b)(a+b+1))
+*before* paying for rollouts (LILO, arXiv 2502.12272), with a floor so no task starves. Tasks
+confidently solved or confidently unsolvable are retired from the draw, reported, and re-tested
+now and then (the policy moves). Difficulty labels are never used. `uniform` is the ablation.
+
+The state is plain JSON (`state_dict`), saved in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+_GRID = np.linspace(0.0005, 0.9995, 1000)  # for Beta tail probabilities without scipy
+
+
+class TaskStats(BaseModel):
+    """The posterior of one task's pass rate and its bookkeeping."""
+
+    alpha: float
+    beta: float
+    attempts: int = 0
+    passes: float = 0.0
+    retired: str | None = None  # "solved" | "unsolvable" | None
+    retired_at: int | None = None
+
+    @property
+    def mean(self) -> float:
+        """Posterior mean pass rate."""
+        return self.alpha / (self.alpha + self.beta)
+
+    @property
+    def learnability(self) -> float:
+        """E[p(1-p)] under the posterior."""
+        a, b = self.alpha, self.beta
+        return a * b / ((a + b) * (a + b + 1))
+
+
+def beta_tail(alpha: float, beta: float, lo: float | None = None, hi: float | None = None) -> float:
+    """P(p > hi) (or P(p < lo)) under Beta(alpha, beta), by numeric integration on a grid."""
+    logpdf = (alpha - 1) * np.log(_GRID) + (beta - 1) * np.log1p(-_GRID)
+    pdf = np.exp(logpdf - logpdf.max())
+    pdf /= pdf.sum()
+    if hi is not None:
+        return float(pdf[_GRID > hi].sum())
+    return float(pdf[_GRID < (lo if lo is not None else 0.0)].sum())
+
+
+class SamplerConfig(BaseModel):
+    """How tasks are chosen."""
+
+    kind: str = Field(default="learnability", pattern="^(learnability|uniform)$",
+                      description="learnability (p(1-p) before rollout) | uniform (the ablation)")
+    prior: tuple[float, float] = Field(default=(1.0, 1.0), description="Beta prior (alpha, beta) of a new task")
+    floor: float = Field(default=0.02, ge=0.0, description="minimum draw weight of an active task")
+    decay: float = Field(default=0.98, gt=0.0, le=1.0,
+                         description="per update, old evidence is kept with this weight (the policy moves)")
+    retire_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    solved_above: float = Field(default=0.9, gt=0.5, le=1.0)
+    unsolvable_below: float = Field(default=0.05, ge=0.0, lt=0.5)
+    min_attempts: int = Field(default=8, ge=1, description="attempts before a task may be retired")
+    retest_every: int = Field(default=10, ge=1, description="every N draws one retired task is tried again")
+
+
+class LearnabilitySampler:
+    """Draws tasks by expected reward variance (or uniformly); see the module docstring."""
+
+    def __init__(self, task_ids: list[str], config: SamplerConfig | None = None) -> None:
+        if not task_ids:
+            raise ValueError("the sampler needs at least one task")
+        self.config = config or SamplerConfig()
+        a, b = self.config.prior
+        self.stats: dict[str, TaskStats] = {t: TaskStats(alpha=a, beta=b) for t in dict.fromkeys(task_ids)}
+        self.draws = 0
+
+    # ---- drawing -------------------------------------------------------------------------------
+
+    def weights(self, ids: list[str]) -> np.ndarray:
+        """Draw weights of `ids` (uniform, or max(E[p(1-p)], floor))."""
+        if self.config.kind == "uniform":
+            return np.ones(len(ids))
+        return np.array([max(self.stats[t].learnability, self.config.floor) for t in ids])
+
+    def draw(self, n: int, rng: np.random.Generator) -> list[str]:
+        """`n` distinct task ids (fewer only if fewer tasks exist), before any rollout."""
+        self.draws += 1
+        active = [t for t, s in self.stats.items() if s.retired is None or self.config.kind == "uniform"]
+        retired = [t for t, s in self.stats.items() if s.retired is not None and self.config.kind != "uniform"]
+        chosen: list[str] = []
+        if retired and self.draws % self.config.retest_every == 0:
+            chosen.append(retired[int(rng.integers(len(retired)))])  # re-test one: the policy may have moved
+        pool = active if active else retired
+        pool = [t for t in pool if t not in chosen]
+        k = min(n - len(chosen), len(pool))
+        if k > 0:
+            w = self.weights(pool)
+            picks = rng.choice(len(pool), size=k, replace=False, p=w / w.sum())
+            chosen += [pool[int(i)] for i in picks]
+        return chosen
+
+    # ---- learning from attempts ---------------------------------------------------------------
+
+    def update(self, task_id: str, rewards: list[float], step: int = 0) -> None:
+        """Fold graded attempts (rewards in [0, 1]) into the task's posterior; retire or revive it.
+
+        Only agent attempts belong here: infra and verifier errors are left out by the caller."""
+        if not rewards:
+            return
+        s = self.stats[task_id]
+        a0, b0 = self.config.prior
+        d = self.config.decay
+        s.alpha = a0 + d * (s.alpha - a0) + sum(rewards)
+        s.beta = b0 + d * (s.beta - b0) + sum(1.0 - r for r in rewards)
+        s.attempts += len(rewards)
+        s.passes += sum(rewards)
+        c = self.config
+        if s.attempts < c.min_attempts:
+            return
+        if beta_tail(s.alpha, s.beta, hi=c.solved_above) > c.retire_confidence:
+            verdict = "solved"
+        elif beta_tail(s.alpha, s.beta, lo=c.unsolvable_below) > c.retire_confidence:
+            verdict = "unsolvable"
+        else:
+            verdict = None
+        if verdict != s.retired:
+            s.retired, s.retired_at = verdict, (step if verdict else None)
+
+    # ---- reporting and persistence ------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of active / solved / unsolvable / unseen tasks and the mean learnability."""
+        values = list(self.stats.values())
+        active = [s for s in values if s.retired is None]
+        return {"tasks": len(values), "active": len(active),
+                "retired_solved": sum(s.retired == "solved" for s in values),
+                "retired_unsolvable": sum(s.retired == "unsolvable" for s in values),
+                "unseen": sum(s.attempts == 0 for s in values),
+                "mean_learnability": float(np.mean([s.learnability for s in active])) if active else 0.0,
+                "mean_pass_rate": float(np.mean([s.mean for s in values if s.attempts])) if any(
+                    s.attempts for s in values) else math.nan}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly (JSON-able)."""
+        return {"config": self.config.model_dump(mode="json"), "draws": self.draws,
+                "stats": {t: s.model_dump() for t, s in self.stats.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "LearnabilitySampler":
+        """The sampler `state_dict` saved."""
+        sampler = cls(list(state["stats"]), SamplerConfig.model_validate(state["config"]))
+        sampler.stats = {t: TaskStats.model_validate(s) for t, s in state["stats"].items()}
+        sampler.draws = int(state["draws"])
+        return sampler
+
+
+__all__ = ["LearnabilitySampler", "SamplerConfig", "TaskStats", "beta_tail"]
