@@ -18,7 +18,6 @@ from toolgym.harness.policy import Generation, SamplingParams
 from toolgym.harness.rollout import RolloutLimits, RolloutRunner
 from toolgym.harness.trajectory import Trajectory
 from toolgym.tasks import Task
-from toolgym.verifiers import Outcome
 
 
 class OracleTokenPolicy:
@@ -42,7 +41,8 @@ class OracleTokenPolicy:
 def collect_demonstrations(tasks: list[Task], tokenizer: Any, env_for: Callable[[str], ToolEnv],
                            limits: RolloutLimits | None = None, concurrency: int = 8,
                            progress: bool = True) -> list[Trajectory]:
-    """Play every task's oracle as tokens; keep the episodes the verifier passed."""
+    """Play every task's oracle as tokens through its environment and verifier (all episodes are
+    returned: the oracle's pass rate is itself a check of the environments)."""
     import asyncio
 
     from toolgym.harness.rollout import run_episode
@@ -59,7 +59,7 @@ def collect_demonstrations(tasks: list[Task], tokenizer: Any, env_for: Callable[
         trajs = asyncio.run(runner.amap([(task,) for task in tasks], play, "demonstrations"))
     finally:
         runner.close()
-    return [t for t in trajs if t.outcome == Outcome.PASSED]
+    return trajs
 
 
 __all__ = ["OracleTokenPolicy", "collect_demonstrations"]

@@ -189,8 +189,18 @@ class Campaign:
         s = self.config.sft
         tasks = [t for suite in self.train_tasks.values() for t in list(suite.values())[: s.demos_per_suite]]
         self.console.print(f"SFT: collecting {len(tasks)} oracle demonstrations")
-        demos = collect_demonstrations(tasks, self.tokenizer, self.make_env, progress=self.progress,
-                                       concurrency=self.config.rollout.concurrency)
+        played = collect_demonstrations(tasks, self.tokenizer, self.make_env, progress=self.progress,
+                                        concurrency=self.config.rollout.concurrency)
+        checks: dict[str, Any] = {}
+        for suite, suite_tasks in self.train_tasks.items():
+            mine = [t for t in played if t.task_id in suite_tasks]
+            checks[suite] = {"oracle_pass_rate": sum(t.outcome == Outcome.PASSED for t in mine) / max(1, len(mine)),
+                             "infra_errors": sum(t.outcome == Outcome.INFRA_ERROR for t in mine), "episodes": len(mine)}
+            self.console.print(f"oracle on {len(mine)} {suite} train tasks: pass@1 "
+                               f"{checks[suite]['oracle_pass_rate']:.3f}, infra errors {checks[suite]['infra_errors']}")
+        assert self.metrics is not None
+        self.metrics.log(0, checks, kind="oracle")
+        demos = [t for t in played if t.outcome == Outcome.PASSED]
         if not demos:
             raise RuntimeError("no oracle demonstration passed its verifier: check the environments")
         sft = Learner(self.policy.model, self.learner.config.model_copy(update={"lr": s.lr}))
@@ -245,6 +255,7 @@ class Campaign:
                                                         self.step)
         keep = [i for g, idx in groups.items() if g not in broken for i in idx]
         metrics: dict[str, Any] = self._rollout_metrics(trajs, rewards, t_rollout, broken)
+        metrics["tasks"] = [t.id for t in tasks]
         train_metrics: dict[str, Any] = {}
         if keep:
             r = torch.tensor([rewards[i] for i in keep])

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolgym.trainers import core_algos as ca
 from toolgym.trainers.batching import TokenBatch, micro_batches, select, sequence_logprobs
@@ -26,6 +26,8 @@ from toolgym.trainers.batching import TokenBatch, micro_batches, select, sequenc
 
 class LoraSettings(BaseModel):
     """LoRA through peft (None in the config = full fine-tune)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     r: int = Field(default=16, ge=1)
     alpha: int = Field(default=32, ge=1)
@@ -36,6 +38,8 @@ class LoraSettings(BaseModel):
 
 class LearnerConfig(BaseModel):
     """Optimisation settings."""
+
+    model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(default=1e-3, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)

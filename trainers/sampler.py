@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 _GRID = np.linspace(0.0005, 0.9995, 1000)  # for Beta tail probabilities without scipy
 
@@ -56,6 +56,8 @@ def beta_tail(alpha: float, beta: float, lo: float | None = None, hi: float | No
 
 class SamplerConfig(BaseModel):
     """How tasks are chosen."""
+
+    model_config = ConfigDict(extra="forbid")
 
     kind: str = Field(default="learnability", pattern="^(learnability|uniform)$",
                       description="learnability (p(1-p) before rollout) | uniform (the ablation)")

@@ -1,0 +1,93 @@
+"""Trainer throughput and memory, side by side in one run.
+
+One RL step on the same batch of real trajectories (oracle demonstrations of `records` train
+tasks, so every configuration trains the same tokens), for: full fine-tune, full fine-tune with a
+reference model (KL, beta > 0), LoRA, LoRA with KL (the reference is the base with adapters off).
+Each configuration runs in a fresh process so its peak RSS is its own. Prints train tokens/s and
+peak memory, and the ratios to the full fine-tune.
+
+    python bench/trainer.py [--hidden 128 --layers 4] [--batch 32] [--out runs/bench/trainer.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONFIGS = {
+    "full": {},
+    "full + reference (kl)": {"kl_beta": 0.05},
+    "lora": {"lora": {"r": 8, "alpha": 16}},
+    "lora + kl": {"lora": {"r": 8, "alpha": 16}, "kl_beta": 0.05},
+}
+
+
+def one(name: str, hidden: int, layers: int, batch: int, steps: int) -> dict:
+    """Run in a child process: build the model, collect demonstrations, time `steps` RL steps."""
+    import toolgym
+    from toolgym.harness.demonstrations import collect_demonstrations
+    from toolgym.harness.hf_policy import HFPolicy
+    from toolgym.harness.tiny import DEFAULT_DIR, build_tiny_policy
+    from toolgym.tasks import builtin_suite
+    from toolgym.trainers.batching import pack
+    from toolgym.trainers.learner import Learner, LearnerConfig, apply_lora
+
+    path = build_tiny_policy(DEFAULT_DIR.with_name(f"tiny-policy-v1-h{hidden}-l{layers}-v1024"), hidden=hidden,
+                             layers=layers)
+    policy = HFPolicy(str(path), device="cpu", dtype="fp32")
+    config = LearnerConfig(**CONFIGS[name])
+    if config.lora is not None:
+        policy.model = apply_lora(policy.model, config.lora)
+    learner = Learner(policy.model, config)
+    demos = collect_demonstrations(builtin_suite("records").split("train").tasks[:batch], policy.tokenizer,
+                                   lambda env_id: toolgym.make(env_id).unwrapped, progress=False)
+    data = pack(demos, [1.0 if i % 2 else -1.0 for i in range(len(demos))], policy.pad_id)
+    learner.rl_step(data)  # warm-up
+    start = time.perf_counter()
+    for _ in range(steps):
+        m = learner.rl_step(data)
+    elapsed = time.perf_counter() - start
+    trainable = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
+    return {"config": name, "train_tokens": m["train_tokens"], "padded_tokens": int(data.attention.sum()),
+            "tokens_per_s": m["train_tokens"] * steps / elapsed, "step_s": elapsed / steps,
+            "trainable_params": trainable, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", default="runs/bench/trainer.json")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(one(args.child, args.hidden, args.layers, args.batch, args.steps)))
+        return
+    results = []
+    for name in CONFIGS:
+        out = subprocess.run([sys.executable, __file__, "--child", name, "--hidden", str(args.hidden), "--layers",
+                              str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps)],
+                             capture_output=True, text=True, check=True)
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    base = results[0]
+    print(f"one RL step, {base['train_tokens']} policy tokens ({base['padded_tokens']} tokens forwarded), "
+          f"model h{args.hidden} x {args.layers} layers, CPU:")
+    for r in results:
+        print(f"  {r['config']:<22} {r['tokens_per_s']:8.0f} train tok/s ({r['step_s']:.2f} s/step, "
+              f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x full)  peak RSS {r['peak_rss_mb']:.0f} MB "
+              f"({r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x)  trainable {r['trainable_params']:,}")
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

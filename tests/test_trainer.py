@@ -1,0 +1,214 @@
+"""The trainer on a real (tiny) transformer: logprob agreement with the sampler, SFT learns, a
+violating side effect lowers the advantage, infra errors stay out of the gradient, a SIGKILLed
+campaign resumes exactly, bad configs are named, and the report is written."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import toolgym
+from conftest import run_cli
+from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
+from toolgym.harness.demonstrations import collect_demonstrations
+from toolgym.harness.hf_policy import HFPolicy
+from toolgym.harness.trajectory import Trajectory
+from toolgym.tasks import builtin_suite
+from toolgym.trainers.batching import micro_batches, pack
+from toolgym.trainers.campaign import Campaign, allocate
+from toolgym.trainers.config import ConfigError, load_config
+from toolgym.trainers.learner import Learner, LearnerConfig
+from toolgym.verifiers import Outcome
+
+
+def records_env(env_id=None):
+    return toolgym.make("records-v0").unwrapped
+
+
+@pytest.fixture
+def fresh_policy(tiny_dir):
+    return HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+
+
+def test_first_step_logprobs_agree_with_the_sampler(fresh_policy):
+    """Same weights, fp32: the trainer's recomputed logprobs of the sampled tokens equal the
+    rollout's to ~1e-4 (measured and logged every step as the train/inference gap)."""
+    agent = TokenAgent(fresh_policy, fresh_policy.tokenizer, SamplingParams(max_new_tokens=24))
+    runner = RolloutRunner(records_env, agent, group_size=2, progress=False,
+                           limits=RolloutLimits(max_turns=3, max_new_tokens_per_turn=24))
+    trajs = runner.run(builtin_suite("records").tasks[:6])
+    runner.close()
+    batch = pack(trajs, [1.0, -1.0] * 6, fresh_policy.pad_id)
+    metrics = Learner(fresh_policy.model, LearnerConfig(lr=1e-6)).rl_step(batch)
+    assert batch.tokens > 50
+    assert metrics["logprob_gap_max"] < 1e-4 and metrics["logprob_gap_mean"] < 1e-5
+    assert metrics["ratio_min"] == pytest.approx(1.0) and metrics["grad_norm"] > 0
+
+
+def test_sft_on_oracle_demonstrations_lowers_the_loss(fresh_policy):
+    tasks = builtin_suite("records").split("train").tasks[:16]
+    demos = collect_demonstrations(tasks, fresh_policy.tokenizer, records_env, progress=False)
+    assert len(demos) == 16 and all(d.outcome == Outcome.PASSED for d in demos)  # every oracle passes
+    # the demonstration tokens are rendered like rollouts: template, then policy/observation turns
+    assert [s.kind for s in demos[0].segments][:3] == ["template", "policy", "observation"]
+    learner = Learner(fresh_policy.model, LearnerConfig(lr=3e-3, token_budget=4096))
+    batch = pack(demos, [0.0] * len(demos), fresh_policy.pad_id)
+    first = learner.sft_step(batch)["sft_loss"]
+    for _ in range(8):
+        last = learner.sft_step(batch)["sft_loss"]
+    assert last < first * 0.8
+
+
+def test_micro_batches_respect_the_token_budget():
+    lengths = [10, 300, 40, 50, 290, 5, 600]
+    groups = micro_batches(lengths, 700)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) == 1 or max(lengths[i] for i in g) * len(g) <= 700
+
+
+def test_micro_batched_gradient_equals_the_whole_batch_gradient(tiny_dir):
+    """Accumulating over micro-batches with the batch's normaliser gives the same update as one
+    big batch (token-mean)."""
+    agent_policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    demos = collect_demonstrations(builtin_suite("records").split("train").tasks[:6], agent_policy.tokenizer,
+                                   records_env, progress=False)
+    batch = pack(demos, [0.5, -1.0, 2.0, 0.1, -0.3, 1.0], agent_policy.pad_id)
+    grads = []
+    for budget in (100_000, 900):
+        policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+        learner = Learner(policy.model, LearnerConfig(lr=1e-3, token_budget=budget, grad_clip=1e9))
+        learner._step = lambda: 0.0  # keep the gradients to compare them
+        learner.rl_step(batch)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def _traj(group, reward, outcome=Outcome.PASSED, effects=()):
+    return Trajectory(task_id=group, group_id=group, seed=0, policy="p", env_id="toolgym/shell-ops-v0",
+                      reward=reward, outcome=outcome, side_effects=[dict(e) for e in effects])
+
+
+def test_a_violating_side_effect_gets_the_configured_penalty_in_its_advantage(tmp_path):
+    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
+        "envs": [{"env": "shell-ops-v0", "suite": "shell-ops", "weight": 1, "train_tasks": 4,
+                  "sandbox": {"backend": "bwrap", "policy": {"rules": {
+                      "write_outside_workspace": {"action": "penalize", "penalty": 0.75}}}}}]})))
+    campaign = Campaign(cfg, progress=False)
+    clean = _traj("g", 1.0)
+    dirty = _traj("g", 1.0, effects=[{"kind": "write_outside_workspace", "step": 1, "detail": "write: /etc/x"}])
+    recorded = _traj("g", 1.0, effects=[{"kind": "delete_preexisting", "step": 1}])  # no rule: not a violation
+    rewards = [campaign.shaped_reward(t) for t in (clean, dirty, recorded)]
+    assert rewards == [1.0, 0.25, 1.0]
+    from toolgym.trainers.core_algos import grpo_advantages
+
+    adv = grpo_advantages(torch.tensor(rewards), torch.tensor([0, 0, 0]))
+    assert adv[1] < 0 < adv[0] and adv[0] == adv[2]
+    campaign.close()
+
+
+def _small_config(tmp_path, extra=None):
+    base = {
+        "name": "test", "seed": 3, "out_dir": str(tmp_path / "run"),
+        "model": {"init": "tiny"},
+        "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 40, "eval_tasks": 4}],
+        "sft": {"steps": 2, "batch_size": 4, "demos_per_suite": 8},
+        "rl": {"steps": 4, "tasks_per_step": 2, "group_size": 2, "learner": {"lr": 1e-3, "token_budget": 4096}},
+        "sampler": {"min_attempts": 2},
+        "rollout": {"max_turns": 2, "max_new_tokens": 16, "concurrency": 8},
+        "checkpoint": {"every": 1, "keep": 2},
+    }
+    base.update(extra or {})
+    return base
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "campaign.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_bad_configs_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"rl\.group_size"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {"group_size": 1}})))
+    with pytest.raises(ConfigError, match=r"rl\.learner\.lossy.*unknown field"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {"learner": {"lossy": "ppo"}}})))
+    with pytest.raises(ConfigError, match="rl.learner.loss 'nope'"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {"learner": {"loss": "nope"}}})))
+    (tmp_path / "broken.yaml").write_text("rl: [unclosed\n")
+    out = run_cli("train", str(tmp_path / "broken.yaml"))
+    assert out.returncode == 2 and out.stderr.startswith("error:") and "not valid YAML" in out.stderr
+    out = run_cli("train", str(tmp_path / "missing.yaml"))
+    assert out.returncode == 2 and "no such config file" in out.stderr
+
+
+def test_allocation_by_weight():
+    assert allocate(8, [3, 1]) == [6, 2] and allocate(3, [1, 1, 1]) == [1, 1, 1] and sum(allocate(7, [5, 1])) == 7
+
+
+def _train_until(config_path, steps_done, run_dir):
+    """Start `toolgym train` in a fresh process; SIGKILL it once `steps_done` RL steps are logged."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "toolgym.cli", "train", str(config_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline:
+            lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if (
+                run_dir / "metrics.jsonl").exists() else []
+            if sum(r["kind"] == "train" for r in lines) >= steps_done:
+                break
+            if proc.poll() is not None:
+                raise AssertionError(f"training exited early: {proc.stderr.read().decode()[-800:]}")
+            time.sleep(0.05)
+        else:
+            raise AssertionError("training made no progress")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # mid-step: no chance to clean up
+        proc.wait()
+
+
+def _steps(run_dir):
+    """The RL step records of a run's metrics log."""
+    return [r for r in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r["kind"] == "train"]
+
+
+def test_sigkill_mid_step_then_resume_continues_exactly(tmp_path):
+    """Kill -9 during step 3; --resume restarts from the last checkpoint with the step count,
+    metrics of finished steps and sampler state intact, and draws what an uninterrupted run draws."""
+    data = _small_config(tmp_path)
+    config_path = _write(tmp_path, data)
+    run_dir = Path(data["out_dir"])
+    _train_until(config_path, 2, run_dir)  # step 2 is logged; it is killed during step 3 or its checkpoint
+    from toolgym.trainers.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None
+    done = int(ckpt.name.split("-")[1])
+    assert done >= 1 and json.loads((ckpt / "state.json").read_text())["step"] == done
+    before = _steps(run_dir)[:done]
+    out = run_cli("train", str(config_path), "--resume", timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"resumed from {ckpt.name}" in out.stdout
+    resumed = _steps(run_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # nothing lost, nothing counted twice
+    assert resumed[:done] == before  # the finished steps' metrics are intact
+
+    # an uninterrupted run with the same seed draws the same tasks at the step after the checkpoint
+    data2 = dict(data, out_dir=str(tmp_path / "straight"))
+    out = run_cli("train", str(_write(tmp_path, data2)), timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    straight = _steps(Path(data2["out_dir"]))
+    assert [r["tasks"] for r in straight[: done + 1]] == [r["tasks"] for r in resumed[: done + 1]]
+    for name in ("report.md", "plots/reward.png", "final-model/config.json", "tensorboard", "eval/sft", "eval/final"):
+        assert (run_dir / name).exists(), name
+    report = run_cli("report", str(run_dir))
+    assert report.returncode == 0 and "report:" in report.stdout
