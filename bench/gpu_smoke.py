@@ -14,7 +14,6 @@ On a CPU machine pass small sizes (`--device cpu --layers 2 --hidden 64`) to che
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import toolgym  # noqa: E402
+from common import write_results  # noqa: E402  (bench/common.py)
 from harness import bench_vs_generate  # noqa: E402  (bench/harness.py)
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent  # noqa: E402
 from toolgym.harness.hf_policy import HFPolicy  # noqa: E402
@@ -90,10 +90,7 @@ def main() -> None:
     if policy.device.type == "cuda":
         results["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         print(f"peak GPU memory {results['peak_memory_gib']:.1f} GiB")
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
-    print(f"written to {path}")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,14 @@
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_results  # noqa: E402  (bench/common.py)
 
 import toolgym
 from toolgym.harness import FixedAgent, RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
@@ -128,7 +131,7 @@ def main() -> None:
               f"transformers generate {r['generate']['tokens_per_s']:.0f} tok/s, ratio {r['ratio']:.2f}x"
               + ("  (target >= 1x)" if batch == 128 else ""))
     if args.only_generate:
-        _write(args.out, results)
+        write_results(args.out, results)
         return
     overhead = bench_overhead()
     print(f"harness overhead per turn (null policy, {overhead['turns']} turns): "
@@ -138,14 +141,7 @@ def main() -> None:
     print(f"tiny HF policy: one at a time {a['tokens_per_s']:.0f} tok/s ({a['tokens']} tokens, {a['seconds']:.1f} s); "
           f"32 concurrent {b['tokens_per_s']:.0f} tok/s ({b['tokens']} tokens, {b['seconds']:.1f} s); "
           f"ratio {batching['speedup']:.1f}x  (target >= 3x)")
-    _write(args.out, {"overhead": overhead, "batching": batching, **results})
-
-
-def _write(out: str, results: dict) -> None:
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
-    print(f"written to {path}")
+    write_results(args.out, {"overhead": overhead, "batching": batching, **results})
 
 
 if __name__ == "__main__":

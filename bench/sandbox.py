@@ -14,7 +14,7 @@ with the warm pool, exec p50 <= 60 ms.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_results  # noqa: E402  (bench/common.py)
 from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 from toolgym.sandbox.base import IMAGE_TAG
 from toolgym.sandbox.docker_backend import WarmPool, client, remover
@@ -164,10 +166,7 @@ def main() -> None:
         r = out[name]
         print(f"{name}: {r['sandboxes']} sandboxes, {r['execs']} execs in {r['seconds']:.1f}s = "
               f"{r['execs_per_s']:.0f} execs/s, {r['failures']} failures, peak memory +{r['peak_memory_mb']:.0f} MB")
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"written to {path}")
+    write_results(args.out, out)
 
 
 if __name__ == "__main__":

@@ -83,10 +83,10 @@ def main() -> None:
         print(f"  {r['config']:<22} {r['tokens_per_s']:8.0f} train tok/s ({r['step_s']:.2f} s/step, "
               f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x full)  peak RSS {r['peak_rss_mb']:.0f} MB "
               f"({r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x)  trainable {r['trainable_params']:,}")
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
-    print(f"written to {path}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import write_results  # bench/common.py
+
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

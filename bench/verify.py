@@ -7,13 +7,15 @@ task on bwrap and docker, and 100 tasks verified 8 at a time vs one at a time (2
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_results  # noqa: E402  (bench/common.py)
 from toolgym.sandbox import SandboxConfig
 from toolgym.sandbox.docker_backend import remover
 from toolgym.tasks import builtin_suite
@@ -61,10 +63,7 @@ def main() -> None:
               f"{par['wall_s']:.1f} s (p50 {par['p50_ms']:.0f} ms, {par['passed']} passed) | "
               f"ratio {out[backend]['speedup']:.2f}x")
     remover().drain()
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
-    print(f"written to {path}")
+    write_results(args.out, out)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,8 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from toolgym.cli.app import CLIError, _imports, app, console, load_suite
+from toolgym.cli.app import CLIError, app, console, load_suite
 
 
 def _print_report(report) -> None:

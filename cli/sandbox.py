@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
-
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from toolgym.cli.app import CLIError, _imports, app, console, load_suite
-
+from toolgym.cli.app import CLIError, app, console
 from toolgym.sandbox.base import IMAGE_TAG
 
 sandbox_app = typer.Typer(help="Sandbox backends: build the docker image, reap leftovers, probe.")

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 

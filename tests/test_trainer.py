@@ -212,3 +212,23 @@ def test_sigkill_mid_step_then_resume_continues_exactly(tmp_path):
         assert (run_dir / name).exists(), name
     report = run_cli("report", str(run_dir))
     assert report.returncode == 0 and "report:" in report.stdout
+
+
+def test_a_mixed_batch_plays_each_task_on_its_own_env_id():
+    from toolgym.harness import OracleAgent
+
+    made = []
+
+    def factory(env_id):
+        made.append(env_id)
+        return toolgym.make(env_id).unwrapped
+
+    tasks = builtin_suite("records").tasks[:3] + builtin_suite("shell-ops").tasks[:2]
+    runner = RolloutRunner(factory, OracleAgent(), progress=False, concurrency=2)
+    try:
+        trajs = runner.run(tasks)
+    finally:
+        runner.close()
+    assert [t.env_id for t in trajs] == [t.env_id for t in tasks]
+    assert all(t.outcome == Outcome.PASSED for t in trajs)
+    assert set(made) == {"toolgym/records-v0", "toolgym/shell-ops-v0"} and len(made) <= 4  # pooled per env id
