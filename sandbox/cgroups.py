@@ -6,6 +6,7 @@ and the bwrap backend falls back to rlimits.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -17,7 +18,10 @@ V2_ROOT = Path("/sys/fs/cgroup")
 V1 = {"memory": Path("/sys/fs/cgroup/memory"), "pids": Path("/sys/fs/cgroup/pids"), "cpu": Path("/sys/fs/cgroup/cpu")}
 
 
+@functools.lru_cache(maxsize=None)
 def _own_v1_path(controller: str) -> str:
+    # Cached on first use: `CgroupLimiter.spawn` moves a thread into a sandbox's cgroup for a
+    # moment, and reading /proc/self/cgroup then would nest a new sandbox's cgroup inside it.
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, names, path = line.split(":", 2)
         if controller in names.split(","):
@@ -25,6 +29,7 @@ def _own_v1_path(controller: str) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=None)
 def _own_v2_path() -> str:
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         if line.startswith("0::"):

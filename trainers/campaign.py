@@ -308,7 +308,7 @@ class Campaign:
             "outcomes": {k: v / n for k, v in outcomes.items()},
             "truncation_rate": outcomes.get("timeout", 0) / n,
             "response_tokens_mean": float(np.mean(policy_tokens)) if policy_tokens else 0.0,
-            "episode_tokens_mean": float(np.mean([len(t.segments) and len(t.token_ids) for t in trajs])),
+            "episode_tokens_mean": float(np.mean([len(t.token_ids) for t in trajs])),
             "turns_mean": float(np.mean([len(t.turns) for t in trajs])),
             "tool_calls_mean": float(np.mean([t.tool_calls for t in trajs])),
             "tool_errors_mean": float(np.mean([sum(t.tool_errors.values()) for t in trajs])),
