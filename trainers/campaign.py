@@ -141,7 +141,9 @@ class Campaign:
         c = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ckpt = latest_checkpoint(self.run_dir) if resume else None
-        if not resume and (self.run_dir / "metrics.jsonl").exists():
+        if resume and ckpt is None:
+            self.console.print(f"no checkpoint in {self.run_dir}: starting from the beginning")
+        if ckpt is None and (self.run_dir / "metrics.jsonl").exists():  # a fresh start (or nothing to resume)
             for stale in ("metrics.jsonl", "tensorboard", "checkpoints", "eval"):
                 path = self.run_dir / stale
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
