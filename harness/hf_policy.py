@@ -8,6 +8,7 @@ event loop keeps stepping environments meanwhile. Throughput grows with concurre
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,9 +203,9 @@ class HFPolicy:
             attn[i, width - len(p):] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        fallback = torch.Generator().manual_seed(0)  # rows without a seed still get distinct draws
-        seeds = torch.tensor([s.seed if s.seed is not None else int(torch.randint(0, 2**31, (1,), generator=fallback))
-                              for s in samplings], dtype=torch.long, device=dev)
+        # a row without a seed asked for fresh randomness: it gets its own, never a fixed default
+        seeds = torch.tensor([s.seed & _MASK32 if s.seed is not None else secrets.randbits(31) for s in samplings],
+                             dtype=torch.long, device=dev)
         temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32, device=dev)
         top_k = torch.tensor([s.top_k for s in samplings], dtype=torch.long, device=dev)
         top_p = torch.tensor([s.top_p for s in samplings], dtype=torch.float32, device=dev)

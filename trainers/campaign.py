@@ -24,6 +24,7 @@ import yaml
 from rich.console import Console
 
 import toolgym
+from toolgym.envs import full_id
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
 from toolgym.harness.demonstrations import collect_demonstrations
 from toolgym.harness.eval_run import run_eval
@@ -94,8 +95,7 @@ class Campaign:
             tasks = tasks[: mix.train_tasks] if mix.train_tasks else tasks
             self.train_tasks[mix.suite] = {t.id: t for t in tasks}
         self.samplers = {s: LearnabilitySampler(list(tasks), config.sampler) for s, tasks in self.train_tasks.items()}
-        self.safety = {mix.env if "/" in mix.env else f"toolgym/{mix.env}": self._sandbox_config(mix).policy
-                       for mix in config.envs}
+        self.safety = {full_id(mix.env): self._sandbox_config(mix).policy for mix in config.envs}
         self.metrics: MetricsLog | None = None
         self.step = 0
         self._runner: RolloutRunner | None = None
@@ -109,8 +109,7 @@ class Campaign:
     def make_env(self, env_id: str):
         """An environment for `env_id` with the campaign's sandbox settings for it."""
         for mix in self.config.envs:
-            full = mix.env if "/" in mix.env else f"toolgym/{mix.env}"
-            if full == env_id and mix.sandbox is not None:
+            if full_id(mix.env) == env_id and mix.sandbox is not None:
                 return toolgym.make(mix.env, sandbox=mix.sandbox).unwrapped
         return toolgym.make(env_id).unwrapped
 
