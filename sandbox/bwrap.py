@@ -69,6 +69,8 @@ def find_bwrap() -> str:
 
 
 _PROBED: dict[str, str | None] = {}
+
+
 def _as_user(uid: int | None) -> dict:
     """Popen arguments that start the child as `uid` (its own group, no supplementary groups)."""
     return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}

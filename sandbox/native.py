@@ -47,8 +47,11 @@ def _temp_name(path: Path) -> Path:
 def _publish(tmp: Path, path: Path) -> None:
     """Atomically move a finished `tmp` into place; if another builder won, keep theirs."""
     try:
-        os.replace(tmp, path) if tmp.is_file() else os.rename(tmp, path)
-    except OSError:  # a directory that another process published first
+        if tmp.is_file():
+            os.replace(tmp, path)  # files: replacing an identical copy is harmless
+        else:
+            os.rename(tmp, path)  # directories: fails if another builder published first
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
