@@ -28,6 +28,10 @@ def tasks(suite: str = typer.Argument(..., help="registered suite name, or a sui
           split: Optional[str] = typer.Option(None, help="train or held-out"),
           limit: int = typer.Option(10, help="how many tasks to list"),
           save: Optional[Path] = typer.Option(None, help="write the (split of the) suite to a dir or .jsonl"),
+          to_dataset: Optional[Path] = typer.Option(None, "--to-dataset", help="write the suite as a Hugging Face "
+                                                    "DatasetDict (train, held_out) to this directory"),
+          demos: int = typer.Option(0, help="with --to-dataset: also write the first N train tasks' oracle "
+                                    "demonstrations (SFTTrainer format) to DIR/sft"),
           check: bool = typer.Option(True, help="check held-out/train disjointness")) -> None:
     """Show a task suite: counts per split and family, and the first tasks."""
     s = load_suite(suite)
@@ -52,6 +56,14 @@ def tasks(suite: str = typer.Argument(..., help="registered suite name, or a sui
     if save:
         out = shown.save(save)
         console.print(f"saved {len(shown)} tasks to {out}")
+    if to_dataset:
+        from toolgym.harness.datasets import write_suite_dataset
+
+        try:
+            counts = write_suite_dataset(s, to_dataset, demos=demos)
+        except (ImportError, ValueError) as err:
+            raise CLIError(str(err)) from None
+        console.print(f"wrote datasets to {to_dataset}: " + ", ".join(f"{k} {v} rows" for k, v in counts.items()))
 
 
 @app.command()

@@ -27,7 +27,7 @@ def main() -> None:
     except (CLIError, TaskLoadError, SplitLeakError, KeyError, ValueError, FileNotFoundError, OSError,
             gymnasium.error.Error, PolicyError, SandboxError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        err_console.print(f"error: {msg}")
+        err_console.print(f"error: {msg}", soft_wrap=True, markup=False)  # one line, never wrapped
         sys.exit(2)
     except Exception as err:  # click usage errors and anything unforeseen: still one line
         import click
@@ -37,5 +37,5 @@ def main() -> None:
             sys.exit(err.exit_code)
         if isinstance(err, click.exceptions.Abort):
             sys.exit(130)
-        err_console.print(f"error: {type(err).__name__}: {err}")
+        err_console.print(f"error: {type(err).__name__}: {err}", soft_wrap=True, markup=False)
         sys.exit(1)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from toolgym.harness.policy import Generation, PolicyError, SamplingParams
+from toolgym.harness.prefix import MIN_SHARED, cache_kwarg, common_prefix_length, prefix_cache
 
 
 @dataclass
@@ -171,14 +172,39 @@ class HFPolicy:
     # ---- sync core -----------------------------------------------------------------------------
 
     def _forward(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any) -> Any:
-        # transformers >= 5.2x renamed `past_key_values` to `cache`; accept both releases.
         if self._cache_kw is None:
-            import inspect
-
-            params = inspect.signature(self.model.forward).parameters
-            self._cache_kw = "cache" if "cache" in params else "past_key_values"
+            self._cache_kw = cache_kwarg(self.model)
+        # only the last position's logits are sampled from: the LM head skips the others
         return self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                          **{self._cache_kw: cache})
+                          logits_to_keep=1, **{self._cache_kw: cache})
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
+        """The batch's first forward: (output, attention mask, positions, KV cache).
+
+        Rows are left-padded. When they share a prefix (the system prompt and tool list, a GRPO
+        group's task), it runs once and its cache is repeated: the layout is then [prefix][pads]
+        [row's own tokens], the mask has zeros only on the pads, positions continue the prefix."""
+        from transformers import DynamicCache
+
+        dev, n = self.device, len(prompts)
+        shared = common_prefix_length(prompts) if n > 1 else 0
+        if shared < MIN_SHARED:
+            shared = 0
+        rest = [p[shared:] for p in prompts]
+        width = max(len(r) for r in rest)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(rest):
+            ids[i, width - len(r):] = torch.tensor(r)
+            attn[i, width - len(r):] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        pos = (shared + attn.cumsum(-1) - 1).clamp(min=0)
+        if shared:
+            _, cache = prefix_cache(self.model, torch.tensor([prompts[0][:shared]], device=dev), n, logits=False)
+            attn = torch.cat([torch.ones((n, shared), dtype=attn.dtype, device=dev), attn], dim=1)
+        else:
+            cache = DynamicCache()
+        return self._forward(ids, attn, pos, cache), attn, pos, cache
 
     @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
@@ -187,22 +213,12 @@ class HFPolicy:
         Sampling, stop checks and bookkeeping stay on the policy's device; tokens and logprobs
         are copied back once at the end. A row's tokens depend only on its prompt and seed,
         never on its batch (counter-based noise; see `gumbel_noise`)."""
-        from transformers import DynamicCache
-
         if not prompts:
             return []
         if min(len(p) for p in prompts) == 0:
             raise PolicyError("empty prompt")
         self.batch_sizes.append(len(prompts))
         dev, n = self.device, len(prompts)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
-        ids, attn = ids.to(dev), attn.to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
         # a row without a seed asked for fresh randomness: it gets its own, never a fixed default
         seeds = torch.tensor([s.seed & _MASK32 if s.seed is not None else secrets.randbits(31) for s in samplings],
                              dtype=torch.long, device=dev)
@@ -220,8 +236,13 @@ class HFPolicy:
         lengths = torch.zeros(n, dtype=torch.long, device=dev)
         stopped = torch.zeros(n, dtype=torch.bool, device=dev)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
-        cache = DynamicCache()
-        out = self._forward(ids, attn, pos, cache)
+        out, attn, pos, cache = self._prefill(prompts)
+        # the mask's future columns are allocated once (a view grows, no copy per token)
+        width = attn.shape[1]
+        full_attn = torch.ones((n, width + max_new), dtype=attn.dtype, device=dev)
+        full_attn[:, :width] = attn
+        # asking "all done?" syncs with the device: on CPU it is free, on an accelerator batch it
+        sync_every = 1 if torch.device(dev).type == "cpu" else SYNC_EVERY
         for step in range(max_new):
             logits = out.logits[:, -1, :].float()
             tok = sample_tokens(logits, temperature, top_k, top_p, seeds, step)
@@ -233,9 +254,9 @@ class HFPolicy:
             hit_stop = active & (tok.unsqueeze(1) == stops).any(dim=1)
             stopped |= hit_stop
             done |= hit_stop | (lengths >= limit)
-            if step == max_new - 1 or (step % SYNC_EVERY == SYNC_EVERY - 1 and bool(done.all())):
+            if step == max_new - 1 or (step % sync_every == sync_every - 1 and bool(done.all())):
                 break
-            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=dev)], dim=1)
+            attn = full_attn[:, : width + step + 1]
             pos = pos[:, -1:] + 1
             out = self._forward(tok.unsqueeze(1), attn, pos, cache)  # the cache object grows in place
         tokens_h, logps_h = tokens.tolist(), logps.tolist()

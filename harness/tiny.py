@@ -49,6 +49,9 @@ def build_tiny_policy(out_dir: str | Path = DEFAULT_DIR, vocab_size: int = 1024,
 
     out = Path(out_dir)
     if (out / "config.json").exists() and (out / "tokenizer.json").exists() and not overwrite:
+        template = out / "chat_template.jinja"  # a cache from before a template fix gets the current one
+        if template.exists() and template.read_text() != load_template("qwen2.5"):
+            template.write_text(load_template("qwen2.5"))
         return out
     out.mkdir(parents=True, exist_ok=True)
 

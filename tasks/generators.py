@@ -33,6 +33,10 @@ class SuiteSpec:
     train_seed: int = 0
     heldout_seed: int = 1_000_003
     description: str = ""
+    #: For generators that cannot rule out collisions themselves (e.g. small-domain procedural
+    #: sources): held-out tasks that share a content hash or a near-duplicate instruction with
+    #: train are dropped and replaced by later held-out indices.
+    drop_heldout_leaks: bool = False
 
 
 _SUITES: dict[str, SuiteSpec] = {}
@@ -70,6 +74,32 @@ def builtin_suite(name: str, train_size: int | None = None, heldout_size: int | 
     spec = _get(name)
     n_train = spec.train_size if train_size is None else train_size
     n_held = spec.heldout_size if heldout_size is None else heldout_size
-    tasks = generate(name, TRAIN, 0, n_train) + generate(name, HELDOUT, 0, n_held)
-    return TaskSuite(name, tasks, spec.version)
+    train = generate(name, TRAIN, 0, n_train)
+    held = generate(name, HELDOUT, 0, n_held)
+    if spec.drop_heldout_leaks:
+        held = _without_leaks(name, train, held, n_held)
+    return TaskSuite(name, train + held, spec.version)
+
+
+def _without_leaks(name: str, train: list[Task], held: list[Task], wanted: int) -> list[Task]:
+    """Held-out tasks with leaks to train dropped, topped up from later indices (deterministic)."""
+    from toolgym.tasks.dedup import find_leaks
+
+    kept: list[Task] = []
+    candidates, next_index = held, len(held)
+    for _ in range(20):  # each round replaces what the last one dropped
+        report = find_leaks(train, candidates)
+        bad = set(report.shared_ids) | {h for _, h, _ in report.near_duplicates}
+        seen = {t.id for t in kept}
+        for task in candidates:
+            if task.id not in bad and task.id not in seen and len(kept) < wanted:
+                kept.append(task)
+                seen.add(task.id)
+        if len(kept) >= wanted:
+            return kept
+        missing = wanted - len(kept)
+        candidates = generate(name, HELDOUT, next_index, missing)
+        next_index += missing
+    raise ValueError(f"suite {name!r}: cannot find {wanted} held-out tasks disjoint from train "
+                     f"({len(kept)} found); the generator's held-out range overlaps train too much")
 

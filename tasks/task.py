@@ -55,11 +55,13 @@ class HiddenSpec(BaseModel):
         files that judge that data (`from toolgym_probes import probe, assert_same`) in a second,
         clean sandbox. Agent code never runs in the process or filesystem that decides results.
       - ``state``: `files` hold a checker script run against the final workspace.
+      - ``score``: the registered scoring function `scorer` (e.g. ``reasoning-gym``) scores the
+        submitted answer in [0, 1] with `answer` and `scorer_args` (passed only at 1.0).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["answer", "tests", "state"] = "answer"
+    kind: Literal["answer", "tests", "state", "score"] = "answer"
     answer: str | None = None
     match: Literal["exact", "normalized", "numeric"] = "normalized"
     tolerance: float = 1e-6
@@ -72,6 +74,9 @@ class HiddenSpec(BaseModel):
     #: before grading and recorded as tampering.
     protected: tuple[str, ...] = ()
     timeout_s: float = 60.0
+    #: `score` tasks only: the scoring function's registered name and its extra arguments.
+    scorer: str | None = None
+    scorer_args: dict[str, Any] = Field(default_factory=dict)
 
 
 class Task(BaseModel):
@@ -109,7 +114,9 @@ class Task(BaseModel):
     def content_hash(self) -> str:
         """Hash of the defining fields (not split, oracle or metadata); 16 hex characters."""
         payload = {name: getattr(self, name) for name in CONTENT_FIELDS}
-        payload["hidden"] = self.hidden.model_dump(mode="json")
+        # Fields added later are hashed only when set, so existing tasks keep their ids.
+        unset = {"scorer", "scorer_args"} if self.hidden.scorer is None and not self.hidden.scorer_args else None
+        payload["hidden"] = self.hidden.model_dump(mode="json", exclude=unset)
         payload["data"] = self.data
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -45,4 +45,8 @@ def verifier_for(task: Task, sandbox_config=None):
         from toolgym.verifiers.state import StateVerifier
 
         return StateVerifier(sandbox_config)
+    if task.hidden.kind == "score":
+        from toolgym.verifiers.score import ScoreVerifier
+
+        return ScoreVerifier()
     raise VerifierError(f"no verifier for hidden kind {task.hidden.kind!r}")

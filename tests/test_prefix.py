@@ -1,0 +1,56 @@
+"""Shared-prefix forward passes give the logits, gradients and generations of plain ones."""
+
+from __future__ import annotations
+
+import torch
+
+from toolgym.harness.hf_policy import HFPolicy
+from toolgym.harness.policy import SamplingParams
+from toolgym.harness.prefix import common_prefix_length, forward_logits, shared_prefix_length
+
+
+def _batch(vocab: int, prefix: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    head = torch.randint(10, vocab, (prefix,), generator=g)
+    rows = [torch.cat([head, torch.randint(10, vocab, (n,), generator=g)]) for n in (5, 17, 9, 30)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], attention[i, : len(r)] = r, 1
+    return ids, attention
+
+
+def test_shared_prefix_logits_and_gradients_match_the_plain_forward(tiny_dir):
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    model = policy.model
+    ids, attention = _batch(model.config.vocab_size)
+    assert shared_prefix_length(ids, attention) == 40
+
+    def loss_and_grads(fn):
+        model.zero_grad()
+        logits = fn()
+        logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(2, ids[:, 1:, None]).squeeze(2)
+        loss = -(logp * attention[:, 1:]).sum()
+        loss.backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain, g_plain = loss_and_grads(lambda: model(input_ids=ids, attention_mask=attention).logits)
+    shared, g_shared = loss_and_grads(lambda: forward_logits(model, ids, attention))
+    real = attention.bool()
+    assert (plain[real] - shared[real]).abs().max() < 1e-4
+    for name in g_plain:
+        assert torch.allclose(g_plain[name], g_shared[name], rtol=1e-3, atol=1e-5), name
+
+
+def test_generation_with_a_shared_prefix_equals_each_prompt_alone(tiny_dir):
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    head = list(range(100, 160))
+    prompts = [head + [200 + i] * (i + 1) for i in range(4)]
+    assert common_prefix_length(prompts) == 60
+    sampling = [SamplingParams(max_new_tokens=12, temperature=1.0, seed=7 + i) for i in range(4)]
+    together = policy.generate_batch(prompts, sampling)
+    for p, s, g in zip(prompts, sampling, together):
+        alone = policy.generate_batch([p], [s])[0]
+        assert alone.token_ids == g.token_ids
+        assert max(abs(a - b) for a, b in zip(alone.logprobs, g.logprobs)) < 1e-4

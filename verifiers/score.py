@@ -1,0 +1,75 @@
+"""`ScoreVerifier`: a registered scoring function grades the submitted answer in [0, 1].
+
+For task sources that ship their own scorers (reasoning-gym's `score_answer`): the task's hidden
+spec names the scorer (`kind="score"`, `scorer=...`) and carries what it needs (`answer`,
+`scorer_args`); the scorer runs on the host over the submitted text, never agent code.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from toolgym.tasks import Task
+from toolgym.verifiers.answer import VerifierError
+from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
+
+#: A scorer: (task, submitted answer) -> score in [0, 1].
+Scorer = Callable[[Task, str], float]
+_SCORERS: dict[str, Scorer] = {}
+
+
+def register_scorer(name: str, fn: Scorer) -> Scorer:
+    """Register `fn` under `name` (tasks refer to it by `HiddenSpec.scorer`)."""
+    _SCORERS[name] = fn
+    return fn
+
+
+def scorer(name: str) -> Scorer:
+    """The registered scorer `name` (a `VerifierError` naming the known ones otherwise)."""
+    if name not in _SCORERS:
+        raise VerifierError(f"no scorer {name!r}; registered: {', '.join(sorted(_SCORERS)) or '(none)'}")
+    return _SCORERS[name]
+
+
+class ScoreVerifier:
+    """Grades with the task's registered scorer; passed only at a full score."""
+
+    name = "score"
+
+    def verify(self, task: Task, final_state: FinalState) -> Verdict:
+        """Score the submitted answer."""
+        start = time.perf_counter()
+        hidden = task.hidden
+        if hidden.kind != "score" or not hidden.scorer:
+            raise VerifierError(f"task {task.id} names no scorer (kind={hidden.kind!r})")
+        fn = scorer(hidden.scorer)
+        if final_state.answer is None:
+            return Verdict(reward=0.0, passed=False, outcome=Outcome.FAILED, reason="no answer submitted",
+                           duration_s=time.perf_counter() - start)
+        try:
+            score = float(fn(task, final_state.answer))
+        except Exception as err:  # the scorer's failure is ours, never the agent's
+            raise VerifierError(f"scorer {hidden.scorer!r} failed: {type(err).__name__}: {err}") from err
+        if not 0.0 <= score <= 1.0:
+            raise VerifierError(f"scorer {hidden.scorer!r} returned {score}, outside [0, 1]")
+        ok = score >= 1.0
+        return Verdict(reward=score, passed=ok, outcome=Outcome.PASSED if ok else Outcome.FAILED,
+                       tests=[TestResult(name=hidden.scorer, passed=ok, message=f"score {score:g}")],
+                       reason=f"score {score:g}", duration_s=time.perf_counter() - start)
+
+
+def _reasoning_gym_score(task: Task, answer: str) -> float:
+    """reasoning-gym's own `score_answer` for the task's dataset (imported on first use)."""
+    try:
+        import reasoning_gym
+    except ImportError as err:
+        raise VerifierError("reasoning-gym is not installed: pip install 'toolgym[reasoning]'") from err
+    args = task.hidden.scorer_args
+    entry = {"question": task.instruction, "answer": task.hidden.answer, "metadata": args.get("metadata", {})}
+    return float(reasoning_gym.get_score_answer_fn(args["dataset"])(answer, entry))
+
+
+register_scorer("reasoning-gym", _reasoning_gym_score)
+
+__all__ = ["ScoreVerifier", "Scorer", "register_scorer", "scorer"]
