@@ -111,6 +111,9 @@ class HFPolicy:
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU here; use --device cpu")
         dtype = resolve_dtype(dtype, device)
+        #: The directory or hub id the weights came from (None for an in-memory model): where a
+        #: remote copy of this policy (a Ray `PolicyActor`) loads from before weights are pushed.
+        self.source: str | None = model if isinstance(model, str) else None
         if isinstance(model, str):
             self.name = name or f"hf:{model}"
             self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)

@@ -279,13 +279,18 @@ def test_cli_to_dataset_on_a_missing_suite_is_one_line(tmp_path):
 RG_CHECKED = ["chain_sum", "gcd", "count_bits", "letter_counting", "spell_backward"]
 
 
-@pytest.mark.parametrize("dataset", RG_CHECKED)
-def test_reasoning_gym_suites_pass_the_checker(dataset):
+def test_reasoning_gym_suites_pass_the_checker():
+    """`toolgym check` (every check: gymnasium, cross-process determinism, oracle, do-nothing, reset,
+    hacks, initial state) on five datasets, run side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from toolgym.envs.checker import run_checks
 
-    results = run_checks(f"toolgym/rg-{dataset}-v0", 4)
-    assert all(r.ok for r in results), [(r.name, r.detail) for r in results if not r.ok]
-    assert {"oracle[train]", "oracle[held-out]", "do-nothing[held-out]", "determinism"} <= {r.name for r in results}
+    with ThreadPoolExecutor(max_workers=len(RG_CHECKED)) as pool:
+        reports = dict(zip(RG_CHECKED, pool.map(lambda d: run_checks(f"toolgym/rg-{d}-v0", 4), RG_CHECKED)))
+    for dataset, results in reports.items():
+        assert all(r.ok for r in results), (dataset, [(r.name, r.detail) for r in results if not r.ok])
+        assert {"oracle[train]", "oracle[held-out]", "do-nothing[held-out]", "determinism"} <= {r.name for r in results}
 
 
 def test_reasoning_gym_splits_are_disjoint():

@@ -83,11 +83,12 @@ def select(batch: TokenBatch, index: list[int]) -> TokenBatch:
 
 
 def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      with_entropy: bool = False, share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(token t+1 | tokens <= t) for every position (B, T-1), and optionally the entropy of
     each predictive distribution. Right padding keeps real tokens at positions 0..len-1. The
     rows' shared prefix (system prompt, tool list, a group's task) runs once (`harness.prefix`)."""
-    logits = forward_logits(model, input_ids, attention)[:, :-1].float()
+    logits = (forward_logits(model, input_ids, attention) if share_prefix
+              else model(input_ids=input_ids, attention_mask=attention).logits)[:, :-1].float()
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(2, input_ids[:, 1:].unsqueeze(2)).squeeze(2)
     entropy = -(logp_all.exp() * logp_all).sum(-1).detach() if with_entropy else None

@@ -125,13 +125,48 @@ class Campaign:
         return RolloutLimits(max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens,
                              max_total_tokens=r.max_total_tokens)
 
-    def runner(self) -> RolloutRunner:
-        """The rollout runner (environments pooled across steps)."""
+    def runner(self) -> Any:
+        """The rollout runner (environments pooled across steps): local, or Ray environment
+        workers sampling from a `PolicyActor` (`rollout.backend: ray`)."""
         if self._runner is None:
-            self._runner = RolloutRunner(self.make_env, self.agent(self.config.rollout.temperature),
-                                         group_size=self.config.rl.group_size, concurrency=self.config.rollout.concurrency,
-                                         limits=self.limits(), progress=self.progress)
+            r = self.config.rollout
+            if r.backend == "ray":
+                self._runner = self._ray_runner()
+            else:
+                self._runner = RolloutRunner(self.make_env, self.agent(r.temperature), group_size=self.config.rl.group_size,
+                                             concurrency=r.concurrency, limits=self.limits(), progress=self.progress)
         return self._runner
+
+    def _ray_runner(self) -> Any:
+        import ray
+
+        from toolgym.harness.ray_pool import RayRolloutRunner, actor_agent_spec, init_local_ray, serve_policy
+
+        r = self.config.rollout
+        if r.ray.address:
+            ray.init(address=r.ray.address, ignore_reinit_error=True, log_to_driver=False)
+        else:
+            init_local_ray()
+        source = self.policy.source
+        self._policy_actor = serve_policy(source, self.config.model.device or "cpu", self.config.model.dtype)
+        agent = self.agent(r.temperature)
+        env_kwargs = {full_id(m.env): {"sandbox": m.sandbox} for m in self.config.envs if m.sandbox is not None}
+        return RayRolloutRunner(env_kwargs, actor_agent_spec(self._policy_actor, source, agent.sampling),
+                                workers=r.ray.workers, envs_per_worker=r.ray.envs_per_worker,
+                                group_size=self.config.rl.group_size, limits=self.limits(),
+                                deadline_s=r.ray.deadline_s, max_resubmits=r.ray.max_resubmits)
+
+    def _push_weights(self) -> None:
+        """Ray backend: the served policy gets the trained weights (version = step)."""
+        import copy
+
+        import ray
+
+        model = self.policy.model
+        if hasattr(model, "merge_and_unload"):  # LoRA: the served model gets merged weights
+            model = copy.deepcopy(model).merge_and_unload()
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        ray.get(self._policy_actor.load_state_dict.remote(ray.put(state), self.step))
 
     # ---- the whole run ----------------------------------------------------------------------------
 
@@ -180,6 +215,11 @@ class Campaign:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
+        if getattr(self, "_policy_actor", None) is not None:
+            import ray
+
+            ray.kill(self._policy_actor)
+            self._policy_actor = None
         if self.metrics is not None:
             self.metrics.close()
 
@@ -241,7 +281,10 @@ class Campaign:
         chosen = self.draw()
         tasks = [t for _, t in chosen]
         seeds = [episode_seed(c.seed, self.step, i) for i in range(len(tasks))]
-        trajs = asyncio.run(self.runner().arun(tasks, seeds=seeds))
+        runner = self.runner()
+        if c.rollout.backend == "ray":
+            self._push_weights()
+        trajs = asyncio.run(runner.arun(tasks, seeds=seeds))
         t_rollout = time.perf_counter() - t0
         suite_of = {t.id: s for s, t in chosen}
         rewards = [self.shaped_reward(t) for t in trajs]
@@ -257,6 +300,8 @@ class Campaign:
         keep = [i for g, idx in groups.items() if g not in broken for i in idx]
         metrics: dict[str, Any] = self._rollout_metrics(trajs, rewards, t_rollout, broken)
         metrics["tasks"] = [t.id for t in tasks]
+        if c.rollout.backend == "ray":
+            metrics["ray"] = dict(runner.stats)  # workers lost, resubmissions, deadlines
         train_metrics: dict[str, Any] = {}
         if keep:
             r = torch.tensor([rewards[i] for i in keep])

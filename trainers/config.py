@@ -64,6 +64,17 @@ class RLSettings(_Strict):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
 
+class RaySettings(_Strict):
+    """Environment workers on a Ray cluster (`rollout.backend: ray`)."""
+
+    address: str | None = Field(default=None, description="a running cluster (`ray://...` or `auto`); "
+                                "None starts a local one")
+    workers: int = Field(default=2, ge=1, description="EnvWorker actors")
+    envs_per_worker: int = Field(default=8, ge=1, description="episodes in flight per worker")
+    deadline_s: float = Field(default=600.0, gt=0, description="per-episode watchdog")
+    max_resubmits: int = Field(default=2, ge=0, description="replays of an episode whose worker died")
+
+
 class RolloutSettings(_Strict):
     """How episodes are played during training and evaluation."""
 
@@ -73,6 +84,9 @@ class RolloutSettings(_Strict):
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     concurrency: int = Field(default=64, ge=1)
+    backend: str = Field(default="local", pattern="^(local|ray)$", description="local: this process; "
+                         "ray: EnvWorker actors, the policy served by a PolicyActor")
+    ray: RaySettings = Field(default_factory=RaySettings)
 
 
 class EvalSettings(_Strict):
@@ -150,4 +164,4 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ca
 
 
 __all__ = ["CampaignConfig", "CheckpointSettings", "ConfigError", "EnvMix", "EvalSettings", "ModelSettings",
-           "RLSettings", "RolloutSettings", "SFTSettings", "TinyModel", "load_config"]
+           "RLSettings", "RaySettings", "RolloutSettings", "SFTSettings", "TinyModel", "load_config"]

@@ -95,6 +95,15 @@ class Learner:
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas,
                                            weight_decay=self.config.weight_decay)
         self.device = next(model.parameters()).device
+        # Data-parallel under torchrun: each rank passes its shard of the global batch; gradients
+        # are all-reduced by DDP and the loss normalisers are the global batch's (see _totals).
+        self.world = dist_world()
+        self.forward_model: torch.nn.Module = model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.forward_model = DistributedDataParallel(model, device_ids=ids)
 
     # ---- shared -----------------------------------------------------------------------------
 
@@ -104,6 +113,43 @@ class Learner:
                 return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention)[0]
             with self.model.disable_adapter():  # peft: the base model is the reference
                 return sequence_logprobs(self.model, mb.input_ids, mb.attention)[0]
+
+    def _totals(self, *values: float) -> list[float]:
+        """Batch-wide normalisers, summed over ranks when data-parallel."""
+        if self.world == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one micro-batch; DDP syncs gradients only on the last of an optimizer step
+        (and averages them over ranks: the loss is scaled back up so the step sums the shares)."""
+        if self.world == 1:
+            loss.backward()
+            return
+        from contextlib import nullcontext
+
+        with nullcontext() if last else self.forward_model.no_sync():
+            (loss * self.world).backward()
+
+    def _logprobs(self, mb: TokenBatch, with_entropy: bool = False):
+        # DDP expects one forward per backward: the shared-prefix path (two forwards) is for one process
+        return sequence_logprobs(self.forward_model, mb.input_ids, mb.attention, with_entropy=with_entropy,
+                                 share_prefix=self.world == 1)
+
+    def _reduce_stats(self, sums: dict[str, float], weights: dict[str, float]) -> None:
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        for k in sorted(sums):
+            op = dist.ReduceOp.MIN if k == "ratio_min" else dist.ReduceOp.MAX if k == "ratio_max" else dist.ReduceOp.SUM
+            pair = torch.tensor([sums[k], weights.get(k, 0.0)], dtype=torch.float64, device=self.device)
+            dist.all_reduce(pair, op=op)
+            sums[k] = float(pair[0])
+            if k in weights:
+                weights[k] = float(pair[1])
 
     def _step(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -126,7 +172,7 @@ class Learner:
             with torch.no_grad():
                 for group in micro_batches(lengths, c.token_budget):
                     mb = select(batch, group)
-                    logp, _ = sequence_logprobs(self.model, mb.input_ids, mb.attention)
+                    logp, _ = self._logprobs(mb)
                     for row, i in enumerate(group):
                         old[i] = logp[row]
         sums: dict[str, float] = {}
@@ -135,12 +181,12 @@ class Learner:
         norms = []
         for chunk in chunks:
             sub = select(batch, chunk)
-            total_tokens = float(sub.mask.sum())
-            total_seqs = float(sub.mask.shape[0])
-            nonempty = float((sub.mask.sum(1) > 0).sum())
-            for group in micro_batches([lengths[i] for i in chunk], c.token_budget):
+            total_tokens, total_seqs, nonempty = self._totals(float(sub.mask.sum()), float(sub.mask.shape[0]),
+                                                              float((sub.mask.sum(1) > 0).sum()))
+            groups = micro_batches([lengths[i] for i in chunk], c.token_budget)
+            for n_group, group in enumerate(groups):
                 mb = select(sub, group)
-                logp, entropy = sequence_logprobs(self.model, mb.input_ids, mb.attention, with_entropy=True)
+                logp, entropy = self._logprobs(mb, with_entropy=True)
                 if old:
                     old_logp = torch.stack([old[chunk[g]][: logp.shape[1]] for g in group]).to(logp.device)
                 else:
@@ -156,7 +202,7 @@ class Learner:
                     loss = loss + c.kl_beta * kl
                     stats["kl"] = float(kl)
                 w = _micro_weight(c.agg, mb.mask, total_tokens, total_seqs, nonempty)
-                (loss * w).backward()
+                self._backward(loss * w, last=n_group == len(groups) - 1)
                 gap = ca.logprob_gap(logp, mb.rollout_logp, mb.mask)
                 gap_max = max(gap_max, gap["logprob_gap_max"])
                 stats.update(loss=float(loss.detach()), entropy=float((entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1)),
@@ -170,6 +216,7 @@ class Learner:
                         sums[k] = sums.get(k, 0.0) + v * w / len(chunks)
                         weights_seen[k] = weights_seen.get(k, 0.0) + w / len(chunks)
             norms.append(self._step())
+        self._reduce_stats(sums, weights_seen)
         out = {k: (v / weights_seen[k] if k in weights_seen and weights_seen[k] > 0 else v) for k, v in sums.items()}
         elapsed = time.perf_counter() - start
         out.update(logprob_gap_max=gap_max, grad_norm=max(norms), train_tokens=batch.tokens,
@@ -183,20 +230,28 @@ class Learner:
         start = time.perf_counter()
         batch = batch.to(self.device)
         lengths = batch.attention.sum(1).tolist()
-        total = float(batch.mask.sum())
+        (total,) = self._totals(float(batch.mask.sum()))
         nll_sum, correct = 0.0, 0.0
-        for group in micro_batches(lengths, self.config.token_budget):
+        groups = micro_batches(lengths, self.config.token_budget)
+        for n_group, group in enumerate(groups):
             mb = select(batch, group)
-            logp, _ = sequence_logprobs(self.model, mb.input_ids, mb.attention)
+            logp, _ = self._logprobs(mb)
             loss = -(logp * mb.mask).sum() / max(total, 1.0)
-            loss.backward()
+            self._backward(loss, last=n_group == len(groups) - 1)
             nll_sum += float(-(logp.detach() * mb.mask).sum())
             correct += float(((logp.detach() > -0.6931) * mb.mask).sum())  # p > 1/2: the argmax token
         norm = self._step()
+        nll_sum, correct = self._totals(nll_sum, correct)
         elapsed = time.perf_counter() - start
         return {"sft_loss": nll_sum / max(total, 1.0), "sft_token_accuracy": correct / max(total, 1.0),
                 "grad_norm": norm, "train_tokens": int(total), "train_seconds": elapsed,
                 "train_tokens_per_s": total / max(elapsed, 1e-9)}
+
+
+def dist_world() -> int:
+    """The number of data-parallel processes (1 unless torch.distributed is initialised)."""
+    return torch.distributed.get_world_size() if torch.distributed.is_available() and \
+        torch.distributed.is_initialized() else 1
 
 
 def _split(items: list[int], parts: int) -> list[list[int]]:
@@ -205,4 +260,4 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
     return [items[i: i + size] for i in range(0, len(items), size)]
 
 
-__all__ = ["Learner", "LearnerConfig", "LoraSettings", "apply_lora"]
+__all__ = ["Learner", "LearnerConfig", "LoraSettings", "apply_lora", "dist_world"]
