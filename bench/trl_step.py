@@ -12,7 +12,7 @@ and it would do different work. Each trainer runs in a fresh process so its peak
 the first step is a warm-up. A step is everything: generation with the tool loop, grading, the
 update.
 
-    python bench/trl_step.py [--prompts 8 --group 4 --steps 3] [--out runs/bench/trl_step.json]
+    python bench/trl_step.py [--prompts 8 --group 4 --steps 3 --rounds 3] [--out runs/bench/trl_step.json]
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", choices=["ours", "trl"])
     parser.add_argument("--model")
     parser.add_argument("--out", default="runs/bench/trl_step.json")
@@ -139,23 +140,30 @@ def main() -> None:
         child(args.child, args.model, args.prompts, args.group, args.steps)
         return
     model_dir = str(warm_model(args.sft_steps))
-    results = {}
-    for which in ("ours", "trl"):
-        proc = subprocess.run([sys.executable, __file__, "--child", which, "--model", model_dir, "--prompts",
-                               str(args.prompts), "--group", str(args.group), "--steps", str(args.steps)],
-                              capture_output=True, text=True)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not line:
-            sys.exit(f"{which} failed:\n{proc.stderr[-3000:]}")
-        results[which] = json.loads(line[0][len("RESULT "):])
+    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+    for _ in range(args.rounds):  # interleaved rounds: machine noise hits both trainers alike
+        for which in ("ours", "trl"):
+            proc = subprocess.run([sys.executable, __file__, "--child", which, "--model", model_dir, "--prompts",
+                                   str(args.prompts), "--group", str(args.group), "--steps", str(args.steps)],
+                                  capture_output=True, text=True)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not line:
+                sys.exit(f"{which} failed:\n{proc.stderr[-3000:]}")
+            runs[which].append(json.loads(line[0][len("RESULT "):]))
+    results: dict = {}
+    for which, rs in runs.items():  # the median round by step time
+        rs = sorted(rs, key=lambda r: r["step_s"])
+        results[which] = {**rs[len(rs) // 2], "rounds_step_s": [r["step_s"] for r in runs[which]]}
     o, t = results["ours"], results["trl"]
-    print(f"{args.prompts} prompts x G={args.group}, {args.steps} timed steps (after one warm-up), same tiny model")
+    print(f"{args.prompts} prompts x G={args.group}, {args.steps} timed steps (after one warm-up) x {args.rounds} "
+          f"interleaved rounds (median shown), same tiny model")
     print(f"{'':8s} {'s/step':>8s} {'peak RSS MB':>12s}  reward per step / tool calls per episode")
     for name, r in results.items():
         print(f"{name:8s} {r['step_s']:8.2f} {r['peak_rss_mb']:12.0f}  {[round(x, 2) for x in r['reward_mean']]} / "
               f"{[round(x or 0, 2) for x in r['tool_calls_mean']]}")
     results["ratio_step_time"] = o["step_s"] / t["step_s"]
     results["ratio_peak_rss"] = o["peak_rss_mb"] / t["peak_rss_mb"]
+    print(f"rounds (s/step): ours {[round(x, 2) for x in o['rounds_step_s']]}, TRL {[round(x, 2) for x in t['rounds_step_s']]}")
     print(f"ours / TRL: step time {results['ratio_step_time']:.2f}x, peak RSS {results['ratio_peak_rss']:.2f}x")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import write_results

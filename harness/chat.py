@@ -8,10 +8,13 @@ template adds after the assistant's end-of-turn token). Earlier tokens are never
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from typing import Any
 
 _PLACEHOLDER = "PLACEHOLDER_ASSISTANT_TURN"
+#: Renders of the fixed text before an observation delta, by what the render depends on.
+_BEFORE: dict[str, str] = {}
 TEMPLATES = {"qwen2.5": "qwen2_5.jinja", "qwen3": "qwen3.jinja", "llama3": "llama3.jinja"}
 DEFAULT_SYSTEM = "You are a helpful assistant that solves tasks by calling tools."
 
@@ -83,7 +86,14 @@ class ChatRenderer:
         and including the next generation prompt."""
         base = (opening or self.initial_messages("PLACEHOLDER_QUERY")) + [
             {"role": "assistant", "content": _PLACEHOLDER}]
-        before = self.render_text(base)
+        tok = self.tokenizer
+        key = json.dumps([base, self.tools, self.chat_template or getattr(tok, "chat_template", None),
+                          getattr(tok, "bos_token", None), getattr(tok, "eos_token", None)], sort_keys=True, default=str)
+        before = _BEFORE.get(key)
+        if before is None:  # the same for every observation of an episode (and of an env): rendered once
+            before = _BEFORE[key] = self.render_text(base)
+            if len(_BEFORE) > 256:
+                _BEFORE.pop(next(iter(_BEFORE)))
         after = self.render_text(base + list(new_messages), add_generation_prompt=True)
         if not after.startswith(before):
             at = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))

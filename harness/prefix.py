@@ -48,17 +48,36 @@ def prefix_cache(model: torch.nn.Module, prefix: torch.Tensor, rows: int,
     return out.logits, cache
 
 
-def forward_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) of a right-padded batch, with the rows' shared prefix computed once."""
+def _kept_logits(model: torch.nn.Module, keep: torch.Tensor | None, **inputs: Any) -> torch.Tensor:
+    """`model(**inputs).logits`, or with `keep` (bool, B x T) only the kept positions' logits, (N, V)
+    in row-major order: the LM head and everything after it skip the others (transformers'
+    `logits_to_keep` mask; older releases without it compute all and select)."""
+    if keep is None:
+        return model(**inputs).logits
+    try:
+        logits = model(**inputs, logits_to_keep=keep).logits
+    except (TypeError, ValueError, IndexError, RuntimeError):
+        return model(**inputs).logits[keep]
+    return logits.reshape(-1, logits.shape[-1])
+
+
+def forward_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
+                   keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits (B, T, V) of a right-padded batch, with the rows' shared prefix computed once; with
+    `keep` (bool, B x T), only the kept positions' logits, (N, V) in row-major order."""
     rows, width = ids.shape
     shared = min(shared_prefix_length(ids, attention), width - 1)
     if rows < 2 or shared < MIN_SHARED:
-        return model(input_ids=ids, attention_mask=attention).logits
-    head, cache = prefix_cache(model, ids[:1, :shared], rows)
+        return _kept_logits(model, keep, input_ids=ids, attention_mask=attention)
+    need_head = keep is None or bool(keep[:, :shared].any())
+    head, cache = prefix_cache(model, ids[:1, :shared], rows, logits=need_head)
     pos = torch.arange(shared, width, device=ids.device).unsqueeze(0).expand(rows, -1)
-    tail = model(input_ids=ids[:, shared:], attention_mask=attention, position_ids=pos, use_cache=True,
-                 **{cache_kwarg(model): cache})
-    return torch.cat([head.expand(rows, -1, -1), tail.logits], dim=1)
+    tail_inputs = dict(input_ids=ids[:, shared:], attention_mask=attention, position_ids=pos, use_cache=True,
+                       **{cache_kwarg(model): cache})
+    if keep is not None and not need_head:  # every kept position is in the rows' own tokens
+        return _kept_logits(model, keep[:, shared:], **tail_inputs)
+    full = torch.cat([head.expand(rows, -1, -1), model(**tail_inputs).logits], dim=1)
+    return full if keep is None else full[keep]
 
 
 def common_prefix_length(prompts: list[list[int]]) -> int:

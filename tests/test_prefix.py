@@ -54,3 +54,26 @@ def test_generation_with_a_shared_prefix_equals_each_prompt_alone(tiny_dir):
         alone = policy.generate_batch([p], [s])[0]
         assert alone.token_ids == g.token_ids
         assert max(abs(a - b) for a, b in zip(alone.logprobs, g.logprobs)) < 1e-4
+
+
+def test_masked_logprobs_equal_the_full_computation(tiny_dir):
+    """Computing only the policy positions (the LM head skips the rest) gives the same values and
+    gradients as computing every position and masking."""
+    from toolgym.trainers.batching import sequence_logprobs
+
+    model = HFPolicy(tiny_dir, device="cpu", dtype="fp32").model
+    ids, attention = _batch(model.config.vocab_size)
+    mask = torch.zeros((ids.shape[0], ids.shape[1] - 1))
+    for i, n in enumerate(attention.sum(1).tolist()):
+        mask[i, n // 2: n - 1] = 1.0  # past the shared prefix for some rows, inside it for others
+    mask[0, 3:6] = 1.0
+    results = []
+    for masked in (False, True):
+        model.zero_grad()
+        logp, ent = sequence_logprobs(model, ids, attention, with_entropy=True, mask=mask if masked else None)
+        (-(logp * mask).sum()).backward()
+        results.append((logp * mask, ent * mask, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (a, ea, ga), (b, eb, gb) = results
+    assert (a - b).abs().max() < 1e-5 and (ea - eb).abs().max() < 1e-4
+    for name in ga:
+        assert torch.allclose(ga[name], gb[name], rtol=1e-3, atol=1e-6), name

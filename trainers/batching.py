@@ -83,15 +83,36 @@ def select(batch: TokenBatch, index: list[int]) -> TokenBatch:
 
 
 def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
-                      with_entropy: bool = False, share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      with_entropy: bool = False, share_prefix: bool = True,
+                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(token t+1 | tokens <= t) for every position (B, T-1), and optionally the entropy of
     each predictive distribution. Right padding keeps real tokens at positions 0..len-1. The
-    rows' shared prefix (system prompt, tool list, a group's task) runs once (`harness.prefix`)."""
-    logits = (forward_logits(model, input_ids, attention) if share_prefix
-              else model(input_ids=input_ids, attention_mask=attention).logits)[:, :-1].float()
+    rows' shared prefix (system prompt, tool list, a group's task) runs once (`harness.prefix`).
+    With `mask` (B, T-1), only the masked positions are computed (the LM head, softmax and
+    entropy skip the prompt and observations); the others are 0."""
+    if mask is not None and not bool((mask > 0).any()):
+        mask = None  # nothing to pick: the plain path (keeps the graph for a zero loss)
+    if mask is None:
+        logits = (forward_logits(model, input_ids, attention) if share_prefix
+                  else model(input_ids=input_ids, attention_mask=attention).logits)[:, :-1].float()
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(2, input_ids[:, 1:].unsqueeze(2)).squeeze(2)
+        entropy = -(logp_all.exp() * logp_all).sum(-1).detach() if with_entropy else None
+        return logp, entropy
+    picked = mask > 0
+    keep = torch.zeros_like(attention, dtype=torch.bool)
+    keep[:, :-1] = picked
+    if share_prefix:
+        logits = forward_logits(model, input_ids, attention, keep=keep).float()
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[keep].float()
     logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(2, input_ids[:, 1:].unsqueeze(2)).squeeze(2)
-    entropy = -(logp_all.exp() * logp_all).sum(-1).detach() if with_entropy else None
+    values = logp_all.gather(1, input_ids[:, 1:][picked].unsqueeze(1)).squeeze(1)
+    logp = torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(picked, values)
+    entropy = None
+    if with_entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1).detach()
+        entropy = torch.zeros(mask.shape, dtype=ent.dtype, device=ent.device).masked_scatter(picked, ent)
     return logp, entropy
 
 

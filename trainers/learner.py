@@ -110,9 +110,9 @@ class Learner:
     def _ref_logp(self, mb: TokenBatch) -> torch.Tensor:
         with torch.no_grad():
             if self.ref_model is not None:
-                return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention)[0]
+                return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention, mask=mb.mask)[0]
             with self.model.disable_adapter():  # peft: the base model is the reference
-                return sequence_logprobs(self.model, mb.input_ids, mb.attention)[0]
+                return sequence_logprobs(self.model, mb.input_ids, mb.attention, mask=mb.mask)[0]
 
     def _totals(self, *values: float) -> list[float]:
         """Batch-wide normalisers, summed over ranks when data-parallel."""
@@ -134,9 +134,10 @@ class Learner:
             (loss * self.world).backward()
 
     def _logprobs(self, mb: TokenBatch, with_entropy: bool = False):
-        # DDP expects one forward per backward: the shared-prefix path (two forwards) is for one process
+        # Only policy tokens are computed (the rest has no loss). DDP expects one forward per
+        # backward: the shared-prefix path (two forwards) is for one process.
         return sequence_logprobs(self.forward_model, mb.input_ids, mb.attention, with_entropy=with_entropy,
-                                 share_prefix=self.world == 1)
+                                 share_prefix=self.world == 1, mask=mb.mask)
 
     def _reduce_stats(self, sums: dict[str, float], weights: dict[str, float]) -> None:
         if self.world == 1:
