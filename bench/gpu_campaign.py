@@ -22,8 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_results  # noqa: E402  (bench/common.py)
-from toolgym.harness.tiny import build_tiny_policy  # noqa: E402
+from common import qwen2_from_config, write_results  # noqa: E402  (bench/common.py)
 from toolgym.trainers.campaign import Campaign  # noqa: E402
 from toolgym.trainers.checkpoint import read_metrics  # noqa: E402
 from toolgym.trainers.config import CampaignConfig  # noqa: E402
@@ -31,16 +30,7 @@ from toolgym.trainers.config import CampaignConfig  # noqa: E402
 
 def build_model_dir(out: Path, layers: int, hidden: int) -> tuple[Path, int]:
     """A Qwen2 model of the given size with the tiny tokenizer, written with `save_pretrained`."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_policy()))
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                         num_key_value_heads=max(1, hidden // 512), max_position_embeddings=4096,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model, tokenizer = qwen2_from_config(layers, hidden)
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -24,25 +24,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import toolgym  # noqa: E402
-from common import write_results  # noqa: E402  (bench/common.py)
+from common import qwen2_from_config, write_results  # noqa: E402  (bench/common.py)
 from harness import bench_vs_generate  # noqa: E402  (bench/harness.py)
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent  # noqa: E402
 from toolgym.harness.hf_policy import HFPolicy  # noqa: E402
-from toolgym.harness.tiny import build_tiny_policy  # noqa: E402
 from toolgym.tasks import builtin_suite  # noqa: E402
 
 
 def build_model(layers: int, hidden: int, device: str, dtype: str | None) -> HFPolicy:
     """A Qwen2-architecture model from a config with the tiny policy's tokenizer."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_policy()))
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                         num_key_value_heads=max(1, hidden // 512), max_position_embeddings=4096,
-                         tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model, tokenizer = qwen2_from_config(layers, hidden)
     policy = HFPolicy(model, tokenizer, device=device, dtype=dtype, name=f"qwen2-{layers}x{hidden}")
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params / 1e6:.0f} M parameters on {policy.device} ({policy.dtype})")

@@ -80,10 +80,11 @@ def tasks_from_dataset(rows: Iterable[dict[str, Any]], suite: TaskSuite | None =
     return out
 
 
-def play_oracle(task: Task) -> tuple[list[dict[str, Any]], bool]:
+def play_oracle(task: Task, env: Any = None) -> tuple[list[dict[str, Any]], bool]:
     """The oracle's conversation for `task` (assistant tool calls and tool results) and whether
-    the verifier passed it."""
-    env = toolgym.make(task.env_id).unwrapped
+    the verifier passed it; `env` (an environment of the task's env id) is reused if given."""
+    own = env is None
+    env = toolgym.make(task.env_id).unwrapped if own else env
     if hasattr(env, "grade_on_submit"):
         env.grade_on_submit = False
     try:
@@ -101,20 +102,28 @@ def play_oracle(task: Task) -> tuple[list[dict[str, Any]], bool]:
         verdict = verifier_for(task, getattr(env, "sandbox_config", None)).verify(task, FinalState(**env.final_state()))
         return messages, verdict.passed
     finally:
-        env.close()
+        if own:
+            env.close()
 
 
 def demonstrations_dataset(tasks: list[Task], suite: str, system: str | None = DEFAULT_SYSTEM):
     """Oracle demonstrations as conversations with tools (`messages`, `tools`, ids), for SFTTrainer."""
     datasets = _require_datasets()
     rows = []
-    for task in tasks:
-        turns, passed = play_oracle(task)
-        if not passed:
-            continue
-        row = task_row(task, suite, system)
-        row["messages"] = row.pop("prompt") + turns
-        rows.append(row)
+    envs: dict[str, Any] = {}  # one environment per env id, reset for each task
+    try:
+        for task in tasks:
+            if task.env_id not in envs:
+                envs[task.env_id] = toolgym.make(task.env_id).unwrapped
+            turns, passed = play_oracle(task, envs[task.env_id])
+            if not passed:
+                continue
+            row = task_row(task, suite, system)
+            row["messages"] = row.pop("prompt") + turns
+            rows.append(row)
+    finally:
+        for env in envs.values():
+            env.close()
     if not rows:
         raise ValueError(f"no oracle demonstration of suite {suite!r} passed its verifier")
     # tool-call arguments differ in shape per tool: store them as JSON so Arrow has one column type

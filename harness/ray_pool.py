@@ -131,11 +131,11 @@ class EnvWorker:
         """One episode, graded here (where its sandbox is)."""
         from toolgym.harness.rollout import run_episode
 
-        env = self.runner._env(task.env_id)
+        env = self.runner.acquire(task.env_id)
         try:
             return await run_episode(env, self.agent, task, seed, sample_index, self.limits)
         finally:
-            self.runner._release(task.env_id, env)
+            self.runner.release(task.env_id, env)
 
     def pid(self) -> int:
         """The worker's process id (tests kill it)."""

@@ -188,13 +188,15 @@ class RolloutRunner:
         self._pools: dict[str, list[ToolEnv]] = {}
         self._by_env_id = _takes_an_argument(env_factory)
 
-    def _env(self, env_id: str) -> ToolEnv:
+    def acquire(self, env_id: str) -> ToolEnv:
+        """A pooled environment for `env_id` (a new one when the pool is empty)."""
         pool = self._pools.setdefault(env_id if self._by_env_id else "", [])
         if pool:
             return pool.pop()
         return self.env_factory(env_id) if self._by_env_id else self.env_factory()
 
-    def _release(self, env_id: str, env: ToolEnv) -> None:
+    def release(self, env_id: str, env: ToolEnv) -> None:
+        """Return an environment to its pool."""
         self._pools.setdefault(env_id if self._by_env_id else "", []).append(env)
 
     async def amap(self, jobs: list[tuple], play: Callable[..., Any], label: str = "episodes") -> list[Any]:
@@ -212,11 +214,11 @@ class RolloutRunner:
             async def one(i: int, job: tuple) -> None:
                 env_id = job[0].env_id
                 async with sem:
-                    env = self._env(env_id)
+                    env = self.acquire(env_id)
                     try:
                         results[i] = await play(env, *job)
                     finally:
-                        self._release(env_id, env)
+                        self.release(env_id, env)
                 passed[0] += int(getattr(results[i], "outcome", None) == Outcome.PASSED)
                 bar.update(bar_id, advance=1, passed=passed[0])
 

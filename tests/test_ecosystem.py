@@ -287,7 +287,7 @@ def test_reasoning_gym_suites_pass_the_checker():
     from toolgym.envs.checker import run_checks
 
     with ThreadPoolExecutor(max_workers=len(RG_CHECKED)) as pool:
-        reports = dict(zip(RG_CHECKED, pool.map(lambda d: run_checks(f"toolgym/rg-{d}-v0", 4), RG_CHECKED)))
+        reports = dict(zip(RG_CHECKED, pool.map(lambda d: run_checks(f"toolgym/rg-{d}-v0", 3), RG_CHECKED)))
     for dataset, results in reports.items():
         assert all(r.ok for r in results), (dataset, [(r.name, r.detail) for r in results if not r.ok])
         assert {"oracle[train]", "oracle[held-out]", "do-nothing[held-out]", "determinism"} <= {r.name for r in results}
