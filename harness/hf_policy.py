@@ -134,7 +134,6 @@ class HFPolicy:
         self._pending: list[_Request] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
-        self._cache_kw: str | None = None
         self.batch_sizes: list[int] = []  # observed batch sizes, for benchmarks and tests
 
     # ---- async, batched --------------------------------------------------------------------------
@@ -175,11 +174,9 @@ class HFPolicy:
     # ---- sync core -----------------------------------------------------------------------------
 
     def _forward(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any) -> Any:
-        if self._cache_kw is None:
-            self._cache_kw = cache_kwarg(self.model)
         # only the last position's logits are sampled from: the LM head skips the others
         return self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                          logits_to_keep=1, **{self._cache_kw: cache})
+                          logits_to_keep=1, **{cache_kwarg(self.model): cache})
 
     def _prefill(self, prompts: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
         """The batch's first forward: (output, attention mask, positions, KV cache).

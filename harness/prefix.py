@@ -12,6 +12,7 @@ prefix from every row.
 from __future__ import annotations
 
 import inspect
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -24,7 +25,12 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     """The name of the KV-cache argument of `model.forward` (transformers >= 5.2x renamed
     `past_key_values` to `cache`); looks through a peft wrapper to the base model."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    return _cache_kwarg_of(type(base))
+
+
+@lru_cache(maxsize=None)
+def _cache_kwarg_of(cls: type) -> str:  # per class: forward passes ask on every call
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def shared_prefix_length(ids: torch.Tensor, attention: torch.Tensor) -> int:
@@ -48,7 +54,7 @@ def prefix_cache(model: torch.nn.Module, prefix: torch.Tensor, rows: int,
     return out.logits, cache
 
 
-def _kept_logits(model: torch.nn.Module, keep: torch.Tensor | None, **inputs: Any) -> torch.Tensor:
+def kept_logits(model: torch.nn.Module, keep: torch.Tensor | None, **inputs: Any) -> torch.Tensor:
     """`model(**inputs).logits`, or with `keep` (bool, B x T) only the kept positions' logits, (N, V)
     in row-major order: the LM head and everything after it skip the others (transformers'
     `logits_to_keep` mask; older releases without it compute all and select)."""
@@ -68,14 +74,14 @@ def forward_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.T
     rows, width = ids.shape
     shared = min(shared_prefix_length(ids, attention), width - 1)
     if rows < 2 or shared < MIN_SHARED:
-        return _kept_logits(model, keep, input_ids=ids, attention_mask=attention)
+        return kept_logits(model, keep, input_ids=ids, attention_mask=attention)
     need_head = keep is None or bool(keep[:, :shared].any())
     head, cache = prefix_cache(model, ids[:1, :shared], rows, logits=need_head)
     pos = torch.arange(shared, width, device=ids.device).unsqueeze(0).expand(rows, -1)
     tail_inputs = dict(input_ids=ids[:, shared:], attention_mask=attention, position_ids=pos, use_cache=True,
                        **{cache_kwarg(model): cache})
     if keep is not None and not need_head:  # every kept position is in the rows' own tokens
-        return _kept_logits(model, keep[:, shared:], **tail_inputs)
+        return kept_logits(model, keep[:, shared:], **tail_inputs)
     full = torch.cat([head.expand(rows, -1, -1), model(**tail_inputs).logits], dim=1)
     return full if keep is None else full[keep]
 
@@ -91,5 +97,5 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return int(differ[0]) if len(differ) else shortest - 1
 
 
-__all__ = ["MIN_SHARED", "cache_kwarg", "common_prefix_length", "forward_logits", "prefix_cache",
+__all__ = ["MIN_SHARED", "cache_kwarg", "common_prefix_length", "forward_logits", "kept_logits", "prefix_cache",
            "shared_prefix_length"]

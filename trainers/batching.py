@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from toolgym.harness.prefix import forward_logits
+from toolgym.harness.prefix import forward_logits, kept_logits
 from toolgym.harness.trajectory import Trajectory
 
 
@@ -105,7 +105,7 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     if share_prefix:
         logits = forward_logits(model, input_ids, attention, keep=keep).float()
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention).logits[keep].float()
+        logits = kept_logits(model, keep, input_ids=input_ids, attention_mask=attention).float()
     logp_all = torch.log_softmax(logits, dim=-1)
     values = logp_all.gather(1, input_ids[:, 1:][picked].unsqueeze(1)).squeeze(1)
     logp = torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(picked, values)
