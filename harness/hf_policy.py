@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,11 @@ class HFPolicy:
             tid = self.tokenizer.get_vocab().get(tok)
             if tid is not None:
                 self.default_stop.add(tid)
+        #: The weight version generations report (the trainer bumps it after each update).
+        self.version = 0
+        # Held while a batch generates: a weight push waits for the batch, so every turn was
+        # sampled by exactly the weights its version names.
+        self._weights_lock = threading.Lock()
         self._pending: list[_Request] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -206,13 +212,27 @@ class HFPolicy:
             cache = DynamicCache()
         return self._forward(ids, attn, pos, cache), attn, pos, cache
 
-    @torch.no_grad()
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Replace the weights (a trainer's push) once the running batch is done; later turns
+        report `version`."""
+        with self._weights_lock:
+            self.model.load_state_dict(state)
+            self.version = version
+
     def generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
         """Generate completions for several prompts at once (left padding, shared KV cache).
 
         Sampling, stop checks and bookkeeping stay on the policy's device; tokens and logprobs
         are copied back once at the end. A row's tokens depend only on its prompt and seed,
         never on its batch (counter-based noise; see `gumbel_noise`)."""
+        with self._weights_lock:
+            generations = self._generate_batch(prompts, samplings)
+            for g in generations:
+                g.weight_version = self.version
+        return generations
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
         if not prompts:
             return []
         if min(len(p) for p in prompts) == 0:

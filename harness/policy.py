@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +31,16 @@ class Generation(BaseModel):
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length", "abort"] = "stop"
+    weight_version: int | None = Field(default=None, description="the policy's weight version when the "
+                                       "turn was sampled (None: the backend does not say)")
+
+
+#: The episode a `generate` call belongs to, set by the rollout runner for the episode's task.
+#: Backends that route requests (`SGLangPolicy` over several servers) use it as the routing key so
+#: every turn of an episode goes to the same server and reuses its prefix cache; others ignore it.
+#: A context variable rather than an argument: each episode runs in its own asyncio task, and the
+#: `Policy` protocol stays `generate(prompt_ids, sampling)` for every backend.
+current_episode: ContextVar[str | None] = ContextVar("current_episode", default=None)
 
 
 class PolicyError(RuntimeError):

@@ -55,24 +55,22 @@ def init_local_ray(num_cpus: int | None = None, object_store_mb: int = 256) -> N
 class PolicyActor:
     """An `HFPolicy` served as a Ray actor: every worker's requests join its batches.
 
-    Weights are pushed with `load_state_dict` (through the object store) and counted in
-    `version`; `generate` returns the version that produced each turn."""
+    Weights are pushed with `load_state_dict` (through the object store) under a version number;
+    every `Generation` reports the version that sampled it."""
 
     def __init__(self, model_path: str, device: str | None = None, dtype: str | None = None) -> None:
         from toolgym.harness.hf_policy import HFPolicy
 
         self.policy = HFPolicy(model_path, device=device, dtype=dtype)
-        self.version = 0
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> tuple[Generation, int]:
-        """One completion, and the weight version that produced it."""
-        version = self.version
-        return await self.policy.generate(prompt_ids, sampling), version
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        """One completion (its `weight_version` says which weights sampled it)."""
+        return await self.policy.generate(prompt_ids, sampling)
 
     def load_state_dict(self, state: dict[str, Any], version: int) -> int:
-        """Replace the weights (the trainer's new ones); returns the new version."""
-        self.policy.model.load_state_dict(state)
-        self.version = version
+        """Replace the weights (the trainer's new ones) once the running batch is done; returns
+        the new version."""
+        self.policy.load_weights(state, version)
         return version
 
 
@@ -85,8 +83,7 @@ class RemotePolicy:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         """Forward to the actor (awaiting its ObjectRef)."""
-        generation, _ = await self.handle.generate.remote(prompt_ids, sampling)
-        return generation
+        return await self.handle.generate.remote(prompt_ids, sampling)
 
 
 class EnvWorker:

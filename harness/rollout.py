@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from toolgym.envs import ToolEnv
 from toolgym.harness.agents import TextAgent, TokenAgent
 from toolgym.harness.chat import ChatRenderer, observation_messages
+from toolgym.harness.policy import current_episode
 from toolgym.harness.trajectory import Segment, Trajectory, TurnRecord
 from toolgym.tasks import Task
 from toolgym.verifiers import FinalState, Outcome, Verdict, verifier_for
@@ -48,6 +49,7 @@ async def run_episode(env: ToolEnv, agent: TokenAgent | TextAgent, task: Task, s
                       policy=agent.name, env_id=task.env_id, family=task.family, difficulty=task.difficulty,
                       split=task.split)
     start = time.perf_counter()
+    routing = current_episode.set(f"{traj.group_id}:{sample_index}")  # the policy's routing key
     try:
         terminated, valid_calls = await asyncio.wait_for(
             _play(env, agent, task, seed, sample_index, limits, traj), limits.episode_timeout_s)
@@ -59,6 +61,8 @@ async def run_episode(env: ToolEnv, agent: TokenAgent | TextAgent, task: Task, s
         traj.outcome, traj.error = Outcome.INFRA_ERROR, f"{type(err).__name__}: {err}"
         traj.duration_s = time.perf_counter() - start
         return traj
+    finally:
+        current_episode.reset(routing)
     await _grade(env, task, traj, verifier, terminated, valid_calls)
     traj.duration_s = time.perf_counter() - start
     return traj
@@ -102,7 +106,8 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
             text_ids = ids[:-1] if ids and ids[-1] == renderer.eot_id else ids
             action = agent.tokenizer.decode(text_ids, skip_special_tokens=False)
             traj.segments.append(Segment(kind="policy", token_ids=ids, logprobs=list(gen.logprobs),
-                                         text=agent.tokenizer.decode(ids, skip_special_tokens=False)))
+                                         text=agent.tokenizer.decode(ids, skip_special_tokens=False),
+                                         weight_version=gen.weight_version))
             context += ids
             if not ids or ids[-1] != renderer.eot_id:  # cut off: close the turn so the chat stays well-formed
                 traj.segments.append(Segment(kind="template", token_ids=[renderer.eot_id], text=renderer.eot))

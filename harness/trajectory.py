@@ -25,6 +25,7 @@ class Segment(BaseModel):
     token_ids: list[int]
     logprobs: list[float] | None = None
     text: str = ""
+    weight_version: int | None = None  # policy segments: the weights that sampled them
 
 
 class TurnRecord(BaseModel):
@@ -80,6 +81,16 @@ class Trajectory(BaseModel):
         return out
 
     @property
+    def weight_versions(self) -> list[int]:
+        """The weight version of every policy turn that reported one, in order."""
+        return [s.weight_version for s in self.segments if s.kind == "policy" and s.weight_version is not None]
+
+    def staleness(self, current_version: int) -> int:
+        """How many versions behind `current_version` the oldest turn is (0 when none reported one)."""
+        versions = self.weight_versions
+        return max(0, current_version - min(versions)) if versions else 0
+
+    @property
     def has_tokens(self) -> bool:
         """False for text-only policies (OpenAI-compatible, oracle)."""
         return any(s.kind == "policy" and s.token_ids for s in self.segments)
@@ -93,7 +104,7 @@ class Trajectory(BaseModel):
             "loss_mask": self.loss_mask, "logprobs": self.logprobs, "reward": self.reward,
             "outcome": self.outcome.value, "tool_calls": self.tool_calls, "turns": len(self.turns),
             "messages": json.dumps(self.messages), "side_effects": json.dumps(self.side_effects),
-            "error": self.error, "duration_s": self.duration_s,
+            "error": self.error, "duration_s": self.duration_s, "weight_versions": self.weight_versions,
         }
 
 

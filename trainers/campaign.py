@@ -5,7 +5,11 @@ One RL step: draw tasks (per environment, by weight, through each suite's sample
 rollout) -> roll out G episodes per task with the harness (each on its own env id) -> verify ->
 safety penalties from the ledger -> advantages per group (groups with an infra/verifier error
 are dropped whole, zero-variance groups are left out of the gradient) -> masked loss in
-micro-batches -> optimizer step -> the in-process policy samples with the new weights next.
+micro-batches -> optimizer step -> the new weights go to whatever samples (see
+`trainers/inference.py`: the shared in-process model, a copy, a Ray actor, or sglang servers).
+
+With `rollout.max_staleness: k > 0` the rollouts of the next steps run in a background thread
+while the learner updates (`trainers/pipeline.py`); groups more than k versions stale are dropped.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
+import threading
 import time
+from dataclasses import dataclass
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -37,6 +43,7 @@ from toolgym.trainers.batching import pack
 from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, load_checkpoint, save_checkpoint
 from toolgym.trainers.config import CampaignConfig, EnvMix
 from toolgym.trainers.learner import Learner, apply_lora
+from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.verifiers import Outcome
 
@@ -65,6 +72,18 @@ def allocate(n: int, weights: list[float]) -> list[int]:
     while counts.sum() > n:
         counts[int(np.argmax(counts))] -= 1
     return counts.tolist()
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts, before any training on them."""
+
+    step: int
+    chosen: list[tuple[str, Task]]
+    trajectories: list[Trajectory]
+    started: float
+    seconds: float
+    extra: dict[str, Any]
 
 
 def episode_seed(seed: int, step: int, index: int) -> int:
@@ -99,6 +118,11 @@ class Campaign:
         self.metrics: MetricsLog | None = None
         self.step = 0
         self._runner: RolloutRunner | None = None
+        self._weights: Any = None  # where rollouts sample from (trainers/inference.py)
+        self._published = False
+        self._last_step_end: float | None = None
+        # the rollout thread draws tasks while the learner updates the samplers (async mode)
+        self._draw_lock = threading.Lock()
 
     # ---- environments and agents ----------------------------------------------------------------
 
@@ -113,11 +137,12 @@ class Campaign:
                 return toolgym.make(mix.env, sandbox=mix.sandbox).unwrapped
         return toolgym.make(env_id).unwrapped
 
-    def agent(self, temperature: float) -> TokenAgent:
-        """A token agent on the shared policy (it samples with the current weights)."""
+    def agent(self, temperature: float, policy: Any = None) -> TokenAgent:
+        """A token agent on `policy` (default: the training model, which samples with the current
+        weights)."""
         r = self.config.rollout
-        return TokenAgent(self.policy, self.tokenizer, SamplingParams(max_new_tokens=r.max_new_tokens,
-                                                                      temperature=temperature, top_p=r.top_p))
+        return TokenAgent(policy or self.policy, self.tokenizer,
+                          SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p))
 
     def limits(self) -> RolloutLimits:
         """Per-episode limits of the campaign."""
@@ -125,48 +150,71 @@ class Campaign:
         return RolloutLimits(max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens,
                              max_total_tokens=r.max_total_tokens)
 
+    def weights(self) -> Any:
+        """Where rollouts sample from (see `trainers/inference.py`), chosen by the config."""
+        if self._weights is None:
+            from toolgym.trainers import inference
+
+            r = self.config.rollout
+            if r.servers:
+                backend = "nccl" if self.policy.device.type == "cuda" else "gloo"
+                self._weights = inference.ServerWeights(r.servers, r.weight_sync, self.run_dir / "weights",
+                                                        self.tokenizer, backend)
+            elif r.backend == "ray":
+                from toolgym.harness.ray_pool import serve_policy
+
+                self._start_ray()
+                self._weights = inference.ActorWeights(
+                    serve_policy(self.policy.source, self.config.model.device or "cpu", self.config.model.dtype))
+            elif r.max_staleness > 0:  # the learner updates its model while rollouts sample
+                self._weights = inference.CopiedWeights(self.policy)
+            else:
+                self._weights = inference.SharedWeights(self.policy)
+        return self._weights
+
+    def publish(self, version: int) -> None:
+        """Send the current weights to the rollout policy as `version` (RL updates applied)."""
+        self.weights().push(self.policy.model, version)
+        self._published = True
+
     def runner(self) -> Any:
         """The rollout runner (environments pooled across steps): local, or Ray environment
-        workers sampling from a `PolicyActor` (`rollout.backend: ray`)."""
+        workers (`rollout.backend: ray`)."""
         if self._runner is None:
             r = self.config.rollout
+            agent = self.agent(r.temperature, self.weights().policy)
             if r.backend == "ray":
-                self._runner = self._ray_runner()
+                self._runner = self._ray_runner(agent)
             else:
-                self._runner = RolloutRunner(self.make_env, self.agent(r.temperature), group_size=self.config.rl.group_size,
+                self._runner = RolloutRunner(self.make_env, agent, group_size=self.config.rl.group_size,
                                              concurrency=r.concurrency, limits=self.limits(), progress=self.progress)
         return self._runner
 
-    def _ray_runner(self) -> Any:
+    def _start_ray(self) -> None:
         import ray
 
-        from toolgym.harness.ray_pool import RayRolloutRunner, actor_agent_spec, init_local_ray, serve_policy
+        from toolgym.harness.ray_pool import init_local_ray
 
-        r = self.config.rollout
-        if r.ray.address:
-            ray.init(address=r.ray.address, ignore_reinit_error=True, log_to_driver=False)
+        address = self.config.rollout.ray.address
+        if address:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
         else:
             init_local_ray()
-        source = self.policy.source
-        self._policy_actor = serve_policy(source, self.config.model.device or "cpu", self.config.model.dtype)
-        agent = self.agent(r.temperature)
+
+    def _ray_runner(self, agent: TokenAgent) -> Any:
+        from toolgym.harness.ray_pool import RayRolloutRunner, actor_agent_spec
+
+        r = self.config.rollout
+        self._start_ray()
+        if r.servers:  # every worker samples from the servers directly
+            spec = {"kind": "sglang", "urls": list(r.servers), "tokenizer": self.policy.source,
+                    "sampling": agent.sampling}
+        else:
+            spec = actor_agent_spec(self.weights().handle, self.policy.source, agent.sampling)
         env_kwargs = {full_id(m.env): {"sandbox": m.sandbox} for m in self.config.envs if m.sandbox is not None}
-        return RayRolloutRunner(env_kwargs, actor_agent_spec(self._policy_actor, source, agent.sampling),
-                                workers=r.ray.workers, envs_per_worker=r.ray.envs_per_worker,
+        return RayRolloutRunner(env_kwargs, spec, workers=r.ray.workers, envs_per_worker=r.ray.envs_per_worker,
                                 group_size=self.config.rl.group_size, limits=self.limits(),
                                 deadline_s=r.ray.deadline_s, max_resubmits=r.ray.max_resubmits)
-
-    def _push_weights(self) -> None:
-        """Ray backend: the served policy gets the trained weights (version = step)."""
-        import copy
-
-        import ray
-
-        model = self.policy.model
-        if hasattr(model, "merge_and_unload"):  # LoRA: the served model gets merged weights
-            model = copy.deepcopy(model).merge_and_unload()
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        ray.get(self._policy_actor.load_state_dict.remote(ray.put(state), self.step))
 
     # ---- the whole run ----------------------------------------------------------------------------
 
@@ -195,13 +243,26 @@ class Campaign:
             if sft_only:
                 self._export("sft-model")
                 return {"step": self.step}
-            while self.step < c.rl.steps:
-                self.step += 1
-                self.metrics.log(self.step, self.rl_step())
-                if c.eval.every and self.step % c.eval.every == 0 and self.step < c.rl.steps:
-                    self.evaluate(f"step-{self.step}")
-                if self.step % c.checkpoint.every == 0 or self.step == c.rl.steps:
-                    self.checkpoint()
+            self.publish(self.step)
+            pipeline = None
+            if c.rollout.max_staleness > 0 and self.step < c.rl.steps:
+                pipeline = RolloutPipeline(self.collect, self.step + 1, c.rl.steps, c.rollout.max_staleness).start()
+            try:
+                while self.step < c.rl.steps:
+                    self.step += 1
+                    waited = time.perf_counter()
+                    batch = pipeline.get(self.step) if pipeline else self.collect(self.step)
+                    batch.extra["time_wait_s"] = time.perf_counter() - waited
+                    self.metrics.log(self.step, self.learn(batch))
+                    if pipeline:
+                        pipeline.trained(self.step)
+                    if c.eval.every and self.step % c.eval.every == 0 and self.step < c.rl.steps:
+                        self.evaluate(f"step-{self.step}")
+                    if self.step % c.checkpoint.every == 0 or self.step == c.rl.steps:
+                        self.checkpoint()
+            finally:
+                if pipeline:
+                    pipeline.close()
             self.evaluate("final")
             self._export("final-model")
         finally:
@@ -215,11 +276,9 @@ class Campaign:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
-        if getattr(self, "_policy_actor", None) is not None:
-            import ray
-
-            ray.kill(self._policy_actor)
-            self._policy_actor = None
+        if self._weights is not None:
+            self._weights.close()
+            self._weights = None
         if self.metrics is not None:
             self.metrics.close()
 
@@ -269,39 +328,57 @@ class Campaign:
         """This step's tasks: per environment by weight, each suite's sampler choosing."""
         counts = allocate(self.config.rl.tasks_per_step, [m.weight for m in self.config.envs])
         chosen = []
-        for mix, n in zip(self.config.envs, counts):
-            for task_id in self.samplers[mix.suite].draw(n, self.rng):
-                chosen.append((mix.suite, self.train_tasks[mix.suite][task_id]))
+        with self._draw_lock:
+            for mix, n in zip(self.config.envs, counts):
+                for task_id in self.samplers[mix.suite].draw(n, self.rng):
+                    chosen.append((mix.suite, self.train_tasks[mix.suite][task_id]))
         return chosen
 
     def rl_step(self) -> dict[str, Any]:
-        """One campaign step (see the module docstring); returns its metrics."""
+        """One synchronous campaign step (see the module docstring); returns its metrics."""
+        if not self._published:
+            self.publish(self.step - 1)
+        return self.learn(self.collect(self.step))
+
+    def collect(self, step: int) -> RolloutBatch:
+        """Draw step `step`'s tasks and play G episodes of each (no training)."""
         c = self.config
         t0 = time.perf_counter()
         chosen = self.draw()
         tasks = [t for _, t in chosen]
-        seeds = [episode_seed(c.seed, self.step, i) for i in range(len(tasks))]
+        seeds = [episode_seed(c.seed, step, i) for i in range(len(tasks))]
         runner = self.runner()
-        if c.rollout.backend == "ray":
-            self._push_weights()
         trajs = asyncio.run(runner.arun(tasks, seeds=seeds))
-        t_rollout = time.perf_counter() - t0
+        extra = {"ray": dict(runner.stats)} if c.rollout.backend == "ray" else {}  # workers lost, resubmissions
+        return RolloutBatch(step, chosen, trajs, t0, time.perf_counter() - t0, extra)
+
+    def learn(self, batch: RolloutBatch) -> dict[str, Any]:
+        """Grade, filter and train on one step's rollouts, then publish the new weights."""
+        c = self.config
+        trajs, chosen, t_rollout = batch.trajectories, batch.chosen, batch.seconds
+        tasks = [t for _, t in chosen]
         suite_of = {t.id: s for s, t in chosen}
         rewards = [self.shaped_reward(t) for t in trajs]
         groups: dict[str, list[int]] = defaultdict(list)
         for i, t in enumerate(trajs):
             groups[t.group_id].append(i)
         broken = {g for g, idx in groups.items() if any(not trajs[i].outcome.is_agent_attempt for i in idx)}
-        for g, idx in groups.items():  # infra/verifier errors say nothing about the task: not counted
-            if g not in broken:
-                task_id = trajs[idx[0]].task_id
-                self.samplers[suite_of[task_id]].update(task_id, [float(trajs[i].outcome == Outcome.PASSED) for i in idx],
-                                                        self.step)
-        keep = [i for g, idx in groups.items() if g not in broken for i in idx]
+        with self._draw_lock:
+            for g, idx in groups.items():  # infra/verifier errors say nothing about the task: not counted
+                if g not in broken:
+                    task_id = trajs[idx[0]].task_id
+                    self.samplers[suite_of[task_id]].update(
+                        task_id, [float(trajs[i].outcome == Outcome.PASSED) for i in idx], self.step)
+        # the learner holds version step - 1; older rollouts than max_staleness allows are dropped
+        stale = stale_groups(trajs, self.step - 1, c.rollout.max_staleness) - broken
+        keep = [i for g, idx in groups.items() if g not in broken and g not in stale for i in idx]
         metrics: dict[str, Any] = self._rollout_metrics(trajs, rewards, t_rollout, broken)
         metrics["tasks"] = [t.id for t in tasks]
-        if c.rollout.backend == "ray":
-            metrics["ray"] = dict(runner.stats)  # workers lost, resubmissions, deadlines
+        metrics.update(batch.extra)
+        staleness = [t.staleness(self.step - 1) for t in trajs if t.weight_versions]
+        metrics["staleness_mean"] = float(np.mean(staleness)) if staleness else 0.0
+        metrics["staleness_max"] = max(staleness, default=0)
+        metrics["stale_dropped"] = sum(len(groups[g]) for g in stale)
         train_metrics: dict[str, Any] = {}
         if keep:
             r = torch.tensor([rewards[i] for i in keep])
@@ -315,13 +392,17 @@ class Campaign:
             live = ~ca.zero_variance_mask(r, gid) if c.rl.drop_zero_variance else torch.ones(len(keep), dtype=torch.bool)
             train = [(trajs[keep[j]], float(adv[j])) for j in range(len(keep)) if live[j] and trajs[keep[j]].has_tokens]
             if train:
-                batch = pack([t for t, _ in train], [a for _, a in train], self.policy.pad_id, c.rollout.max_total_tokens)
-                train_metrics = self.learner.rl_step(batch)
+                packed = pack([t for t, _ in train], [a for _, a in train], self.policy.pad_id, c.rollout.max_total_tokens)
+                train_metrics = self.learner.rl_step(packed)
             metrics["trained_trajectories"] = len(train)
         metrics.update(train_metrics)
+        self.publish(self.step)
+        now = time.perf_counter()
         metrics["time_rollout_s"] = t_rollout
         metrics["time_train_s"] = train_metrics.get("train_seconds", 0.0)
-        metrics["time_step_s"] = time.perf_counter() - t0
+        # wall time of the step: since the previous step ended (rollouts overlap it when async)
+        metrics["time_step_s"] = now - (self._last_step_end if self._last_step_end is not None else batch.started)
+        self._last_step_end = now
         for suite, sampler in self.samplers.items():
             metrics[f"sampler/{suite}"] = sampler.summary()
         return metrics
@@ -388,9 +469,10 @@ class Campaign:
     def checkpoint(self) -> Path:
         """Save everything `--resume` needs (atomically)."""
         assert self.metrics is not None
-        state = {"rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state().tolist(),
-                 "samplers": {s: sampler.state_dict() for s, sampler in self.samplers.items()},
-                 "metrics_lines": self.metrics.lines()}
+        with self._draw_lock:
+            state = {"rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state().tolist(),
+                     "samplers": {s: sampler.state_dict() for s, sampler in self.samplers.items()},
+                     "metrics_lines": self.metrics.lines()}
         return save_checkpoint(self.run_dir, self.step, self.policy.model, self.learner.optimizer, state,
                                self.config.checkpoint.keep)
 
@@ -416,4 +498,4 @@ class Campaign:
         return out
 
 
-__all__ = ["Campaign", "allocate", "build_policy", "episode_seed"]
+__all__ = ["Campaign", "RolloutBatch", "allocate", "build_policy", "episode_seed"]

@@ -87,6 +87,12 @@ class RolloutSettings(_Strict):
     backend: str = Field(default="local", pattern="^(local|ray)$", description="local: this process; "
                          "ray: EnvWorker actors, the policy served by a PolicyActor")
     ray: RaySettings = Field(default_factory=RaySettings)
+    servers: list[str] = Field(default_factory=list, description="sglang servers (or a router) that serve the "
+                               "policy for rollouts; empty = the in-process model (or a Ray PolicyActor)")
+    weight_sync: str = Field(default="disk", pattern="^(disk|distributed)$", description="how servers get new "
+                             "weights: disk (update_weights_from_disk) or distributed (a torch.distributed group)")
+    max_staleness: int = Field(default=0, ge=0, description="0 = synchronous; k >= 1: the next batches are "
+                               "played while the learner updates, and groups more than k versions old are dropped")
 
 
 class EvalSettings(_Strict):
