@@ -2,7 +2,7 @@
 torchrun (each rank takes its contiguous shard). Rank 0 writes the final weights and losses.
 
     python tests/_ddp_step.py OUT.pt                                  # one process
-    python -m torch.distributed.run --nproc_per_node 2 tests/_ddp_step.py OUT.pt
+    python -m torch.distributed.run --nproc_per_node 2 tests/_ddp_step.py OUT.pt [ddp|fsdp2]
 """
 
 import os
@@ -31,7 +31,7 @@ def global_batch(vocab: int) -> TokenBatch:
     return TokenBatch(ids, attention, mask, torch.zeros_like(mask), adv)
 
 
-def main(out: str) -> None:
+def main(out: str, parallel: str = "ddp") -> None:
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -44,16 +44,18 @@ def main(out: str) -> None:
     share = len(rows) // world
     mine = select(batch, rows[rank * share: (rank + 1) * share])
     # a small token budget: several micro-batches per rank, a different number on each rank
-    learner = Learner(model, LearnerConfig(lr=1e-2, token_budget=128, loss="ppo", agg="token-mean"))
+    learner = Learner(model, LearnerConfig(lr=1e-2, token_budget=128, loss="ppo", agg="token-mean",
+                                           parallel=parallel))
     rl = learner.rl_step(mine)
-    after_rl = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    after_rl = learner.full_state_dict()  # FSDP2: gathered from the shards onto rank 0
     sft = learner.sft_step(mine)
+    state = learner.full_state_dict()
     if rank == 0:
-        torch.save({"after_rl": after_rl, "state": model.state_dict(), "rl_loss": rl["loss"], "sft_loss": sft["sft_loss"],
+        torch.save({"after_rl": after_rl, "state": state, "rl_loss": rl["loss"], "sft_loss": sft["sft_loss"],
                     "grad_norm": rl["grad_norm"], "world": world}, out)
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

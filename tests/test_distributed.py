@@ -1,4 +1,5 @@
-"""Data-parallel training: 2 processes under torchrun (gloo) match 1 process on the same global batch."""
+"""Data-parallel training (DDP and FSDP2): 2 processes under torchrun (gloo) match 1 process on the
+same global batch."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 SCRIPT = Path(__file__).with_name("_ddp_step.py")
 LR = 1e-2
 
 
-def test_two_process_step_matches_one_process(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_two_process_step_matches_one_process(tmp_path, parallel):
     import importlib.util
 
     single, ddp = tmp_path / "single.pt", tmp_path / "ddp.pt"
@@ -20,7 +23,8 @@ def test_two_process_step_matches_one_process(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main(str(single))  # the one-process reference, here
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(SCRIPT), str(ddp)],
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(SCRIPT), str(ddp),
+                        parallel],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = torch.load(single), torch.load(ddp)

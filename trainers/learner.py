@@ -55,6 +55,9 @@ class LearnerConfig(BaseModel):
     tis_cap: float | None = Field(default=None, gt=0, description="truncated importance sampling cap "
                                   "(for a separate inference engine); None = off")
     updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps (mini-batches) per batch")
+    parallel: str = Field(default="ddp", pattern="^(ddp|fsdp2)$", description="data parallelism under torchrun: "
+                          "ddp (every rank holds the whole model) or fsdp2 (parameters, gradients and optimizer "
+                          "state sharded over the ranks)")
     lora: LoraSettings | None = None
 
 
@@ -91,19 +94,23 @@ class Learner:
             self.ref_model = copy.deepcopy(model).eval()  # frozen reference (LoRA: the base with adapters off)
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas,
-                                           weight_decay=self.config.weight_decay)
         self.device = next(model.parameters()).device
         # Data-parallel under torchrun: each rank passes its shard of the global batch; gradients
-        # are all-reduced by DDP and the loss normalisers are the global batch's (see _totals).
+        # are averaged over ranks (DDP all-reduce, FSDP2 reduce-scatter) and the loss normalisers
+        # are the global batch's (see _totals).
         self.world = dist_world()
+        self.sharded = self.world > 1 and self.config.parallel == "fsdp2"
         self.forward_model: torch.nn.Module = model
-        if self.world > 1:
+        if self.sharded:
+            shard_model(model, self.device)  # before the optimizer: it must hold the sharded parameters
+        elif self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.forward_model = DistributedDataParallel(model, device_ids=ids)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas,
+                                           weight_decay=self.config.weight_decay)
 
     # ---- shared -----------------------------------------------------------------------------
 
@@ -128,10 +135,36 @@ class Learner:
         if self.world == 1:
             loss.backward()
             return
+        if self.sharded:
+            self.model.set_requires_gradient_sync(last)
+            (loss * self.world).backward()
+            return
         from contextlib import nullcontext
 
         with nullcontext() if last else self.forward_model.no_sync():
             (loss * self.world).backward()
+
+    def _even(self, groups: list[list[int]]) -> list[list[int] | None]:
+        """FSDP2 gathers parameters in every forward, a collective: every rank must run as many
+        micro-batches. Ranks with fewer get `None` entries (a zero-weight pass on one row)."""
+        if not self.sharded:
+            return list(groups)
+        most = int(self._totals_max(float(len(groups))))
+        return list(groups) + [None] * (most - len(groups))
+
+    def _totals_max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t[0])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights on the CPU (sharded: gathered, a collective every rank calls;
+        only rank 0 gets them, the others an empty dict)."""
+        if not self.sharded:
+            return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def _logprobs(self, mb: TokenBatch, with_entropy: bool = False):
         # Only policy tokens are computed (the rest has no loss). DDP expects one forward per
@@ -154,7 +187,8 @@ class Learner:
 
     def _step(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip))
+        norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
@@ -171,10 +205,9 @@ class Learner:
         old: dict[int, torch.Tensor] = {}
         if c.updates_per_batch > 1:  # later mini-batches need the logprobs from before any update
             with torch.no_grad():
-                for group in micro_batches(lengths, c.token_budget):
-                    mb = select(batch, group)
-                    logp, _ = self._logprobs(mb)
-                    for row, i in enumerate(group):
+                for group in self._even(micro_batches(lengths, c.token_budget)):
+                    logp, _ = self._logprobs(select(batch, group if group is not None else [0]))
+                    for row, i in enumerate(group or []):
                         old[i] = logp[row]
         sums: dict[str, float] = {}
         weights_seen: dict[str, float] = {}
@@ -184,8 +217,11 @@ class Learner:
             sub = select(batch, chunk)
             total_tokens, total_seqs, nonempty = self._totals(float(sub.mask.sum()), float(sub.mask.shape[0]),
                                                               float((sub.mask.sum(1) > 0).sum()))
-            groups = micro_batches([lengths[i] for i in chunk], c.token_budget)
+            groups = self._even(micro_batches([lengths[i] for i in chunk], c.token_budget))
             for n_group, group in enumerate(groups):
+                if group is None:  # FSDP2: keep the collectives in step with the other ranks
+                    self._backward(self._logprobs(select(sub, [0]))[0].sum() * 0.0, last=n_group == len(groups) - 1)
+                    continue
                 mb = select(sub, group)
                 logp, entropy = self._logprobs(mb, with_entropy=True)
                 if old:
@@ -233,8 +269,11 @@ class Learner:
         lengths = batch.attention.sum(1).tolist()
         (total,) = self._totals(float(batch.mask.sum()))
         nll_sum, correct = 0.0, 0.0
-        groups = micro_batches(lengths, self.config.token_budget)
+        groups = self._even(micro_batches(lengths, self.config.token_budget))
         for n_group, group in enumerate(groups):
+            if group is None:  # FSDP2: keep the collectives in step with the other ranks
+                self._backward(self._logprobs(select(batch, [0]))[0].sum() * 0.0, last=n_group == len(groups) - 1)
+                continue
             mb = select(batch, group)
             logp, _ = self._logprobs(mb)
             loss = -(logp * mb.mask).sum() / max(total, 1.0)
@@ -249,6 +288,19 @@ class Learner:
                 "train_tokens_per_s": total / max(elapsed, 1e-9)}
 
 
+def shard_model(model: torch.nn.Module, device: torch.device) -> None:
+    """FSDP2 in place: each transformer block is its own shard unit (its parameters are gathered
+    just for its forward and backward), then the rest of the model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist_world(),))
+    blocks = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    for block in blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def dist_world() -> int:
     """The number of data-parallel processes (1 unless torch.distributed is initialised)."""
     return torch.distributed.get_world_size() if torch.distributed.is_available() and \
@@ -261,4 +313,4 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
     return [items[i: i + size] for i in range(0, len(items), size)]
 
 
-__all__ = ["Learner", "LearnerConfig", "LoraSettings", "apply_lora", "dist_world"]
+__all__ = ["Learner", "LearnerConfig", "LoraSettings", "apply_lora", "dist_world", "shard_model"]
