@@ -34,7 +34,22 @@ def _load(config: Path, out: Optional[Path], overrides: list[str]):
 
 def _run(config, resume: bool, sft_only: bool = False) -> dict:
     from toolgym.trainers.campaign import Campaign
+    from toolgym.trainers.distributed import launch, under_torchrun
 
+    if config.processes > 1 and not under_torchrun():  # relaunch as N training processes
+        if sft_only:
+            raise CLIError("`toolgym sft` runs in one process: use `toolgym train` with processes > 1")
+        import yaml
+
+        run_dir = Path(config.out_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        launch_config = run_dir / "launch.yaml"  # the config with every --set applied
+        launch_config.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        console.print(f"starting {config.processes} training processes (torchrun)")
+        code = launch(launch_config, config.processes, resume)
+        if code != 0:
+            raise CLIError(f"the training processes failed (exit {code}); see the messages above")
+        return {}  # rank 0 printed the headline and wrote the report
     campaign = Campaign(config, console=console)
     return campaign.run(resume=resume, sft_only=sft_only)
 

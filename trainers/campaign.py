@@ -19,10 +19,11 @@ import hashlib
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -40,8 +41,10 @@ from toolgym.sandbox import SafetyPolicy, SandboxConfig, SideEffect
 from toolgym.tasks import Task, builtin_suite
 from toolgym.trainers import core_algos as ca
 from toolgym.trainers.batching import pack
-from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, load_checkpoint, save_checkpoint
+from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, read_run_state, save_checkpoint
 from toolgym.trainers.config import CampaignConfig, EnvMix
+from toolgym.trainers.distributed import Coordinator, follow, init_training_processes, under_torchrun
+from toolgym.trainers.inference import CopiedWeights
 from toolgym.trainers.learner import Learner, apply_lora
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.sampler import LearnabilitySampler
@@ -101,11 +104,23 @@ class Campaign:
         self.run_dir = Path(config.out_dir)
         self.rng = np.random.default_rng(config.seed)
         torch.manual_seed(config.seed)
-        self.policy = build_policy(config)
+        # Several training processes (torchrun, see trainers/distributed.py): rank 0 runs the
+        # campaign, the others follow its updates.
+        self.rank, self.world = 0, 1
+        if config.processes > 1 or under_torchrun():
+            if not under_torchrun():
+                raise RuntimeError(f"processes: {config.processes} needs torchrun: start it with `toolgym train`")
+            self.rank, self.world = init_training_processes(config.model.device)
+        with self._rank0_first():  # rank 0 may write the tiny model's directory
+            self.policy = build_policy(config)
         self.tokenizer = self.policy.tokenizer
         if config.rl.learner.lora is not None:
             self.policy.model = apply_lora(self.policy.model, config.rl.learner.lora)
+        # With several processes the training model is wrapped or sharded: rank 0 samples and
+        # evaluates with its own copy (made before sharding), refreshed by `publish`.
+        self._copy = CopiedWeights(self.policy) if self.world > 1 and self.rank == 0 else None
         self.learner = Learner(self.policy.model, config.rl.learner)
+        self.trainer = Coordinator(self.learner)
         self.suites = {mix.suite: builtin_suite(mix.suite) for mix in config.envs}
         self.mix = {mix.suite: mix for mix in config.envs}
         self.train_tasks: dict[str, dict[str, Task]] = {}
@@ -126,6 +141,17 @@ class Campaign:
 
     # ---- environments and agents ----------------------------------------------------------------
 
+    @contextmanager
+    def _rank0_first(self) -> Iterator[None]:
+        """Rank 0 runs the block before the others (it may create files they read)."""
+        import torch.distributed as dist
+
+        if self.world > 1 and self.rank != 0:
+            dist.barrier()
+        yield
+        if self.world > 1 and self.rank == 0:
+            dist.barrier()
+
     @staticmethod
     def _sandbox_config(mix: EnvMix) -> SandboxConfig:
         return SandboxConfig.model_validate(mix.sandbox or {})
@@ -141,7 +167,8 @@ class Campaign:
         """A token agent on `policy` (default: the training model, which samples with the current
         weights)."""
         r = self.config.rollout
-        return TokenAgent(policy or self.policy, self.tokenizer,
+        default = self._copy.policy if self._copy is not None else self.policy
+        return TokenAgent(policy or default, self.tokenizer,
                           SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p))
 
     def limits(self) -> RolloutLimits:
@@ -166,6 +193,8 @@ class Campaign:
                 self._start_ray()
                 self._weights = inference.ActorWeights(
                     serve_policy(self.policy.source, self.config.model.device or "cpu", self.config.model.dtype))
+            elif self._copy is not None:  # several training processes: rank 0's copy samples
+                self._weights = self._copy
             elif r.max_staleness > 0:  # the learner updates its model while rollouts sample
                 self._weights = inference.CopiedWeights(self.policy)
             else:
@@ -173,8 +202,16 @@ class Campaign:
         return self._weights
 
     def publish(self, version: int) -> None:
-        """Send the current weights to the rollout policy as `version` (RL updates applied)."""
-        self.weights().push(self.policy.model, version)
+        """Send the current weights to the rollout policy as `version` (RL updates applied).
+        Several training processes: gathered from them first, and rank 0's copy refreshed."""
+        if self.world == 1:
+            self.weights().push(self.policy.model, version)
+        else:
+            state = self.trainer.run("weights")
+            assert self._copy is not None
+            self._copy.push(self.policy.model, version, state)
+            if self.weights() is not self._copy:  # servers or a Ray actor: from the (plain) copy
+                self.weights().push(self._copy.policy.model, version, state)
         self._published = True
 
     def runner(self) -> Any:
@@ -219,8 +256,12 @@ class Campaign:
     # ---- the whole run ----------------------------------------------------------------------------
 
     def run(self, resume: bool = False, sft_only: bool = False) -> dict[str, Any]:
-        """SFT (if configured), evaluation, RL steps with checkpoints, final evaluation, report."""
+        """SFT (if configured), evaluation, RL steps with checkpoints, final evaluation, report.
+        A follower rank (several training processes) only does the updates rank 0 announces."""
         c = self.config
+        if self.rank != 0:
+            follow(self.trainer)
+            return {}
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if resume and ckpt is None:
@@ -235,15 +276,16 @@ class Campaign:
             if ckpt is not None:
                 self._restore(ckpt)
                 self.console.print(f"resumed from {ckpt.name} (step {self.step})")
+                self.publish(self.step)
             else:
                 if c.sft.steps:
                     self.sft_stage()
+                self.publish(self.step)
                 self.evaluate("sft" if c.sft.steps else "initial")
                 self.checkpoint()
             if sft_only:
                 self._export("sft-model")
                 return {"step": self.step}
-            self.publish(self.step)
             pipeline = None
             if c.rollout.max_staleness > 0 and self.step < c.rl.steps:
                 pipeline = RolloutPipeline(self.collect, self.step + 1, c.rl.steps, c.rollout.max_staleness).start()
@@ -266,6 +308,8 @@ class Campaign:
             self.evaluate("final")
             self._export("final-model")
         finally:
+            if self.world > 1:
+                self.trainer.run("stop")  # the followers exit, also when this rank failed
             self.close()
         from toolgym.trainers.report import write_report
 
@@ -303,7 +347,7 @@ class Campaign:
         demos = [t for t in played if t.outcome == Outcome.PASSED]
         if not demos:
             raise RuntimeError("no oracle demonstration passed its verifier: check the environments")
-        sft = Learner(self.policy.model, self.learner.config.model_copy(update={"lr": s.lr}))
+        self.trainer.run("restart_optimizer", s.lr)  # a fresh optimizer for SFT, another for RL after
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         columns = [TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -317,10 +361,11 @@ class Campaign:
                     order = self.rng.permutation(len(demos))
                     start = 0
                 chosen = [demos[int(j)] for j in order[start: start + s.batch_size]]
-                m = sft.sft_step(pack(chosen, [0.0] * len(chosen), self.policy.pad_id,
-                                      self.config.rollout.max_total_tokens))
+                m = self.trainer.run("sft", pack(chosen, [0.0] * len(chosen), self.policy.pad_id,
+                                                 self.config.rollout.max_total_tokens))
                 self.metrics.log(i + 1, m, kind="sft")
                 bar.update(bar_id, advance=1, loss=m["sft_loss"])
+        self.trainer.run("restart_optimizer", self.config.rl.learner.lr)
 
     # ---- RL -------------------------------------------------------------------------------------
 
@@ -391,9 +436,12 @@ class Campaign:
             metrics["groups_all_fail_frac"] = signal["all_fail"] / max(1, signal["groups"])
             live = ~ca.zero_variance_mask(r, gid) if c.rl.drop_zero_variance else torch.ones(len(keep), dtype=torch.bool)
             train = [(trajs[keep[j]], float(adv[j])) for j in range(len(keep)) if live[j] and trajs[keep[j]].has_tokens]
+            if len(train) < self.world:  # every training process needs a share of the batch
+                metrics["skipped_update"] = f"{len(train)} trajectories for {self.world} training processes"
+                train = []
             if train:
                 packed = pack([t for t, _ in train], [a for _, a in train], self.policy.pad_id, c.rollout.max_total_tokens)
-                train_metrics = self.learner.rl_step(packed)
+                train_metrics = self.trainer.run("rl", packed)
             metrics["trained_trajectories"] = len(train)
         metrics.update(train_metrics)
         self.publish(self.step)
@@ -473,11 +521,12 @@ class Campaign:
             state = {"rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state().tolist(),
                      "samplers": {s: sampler.state_dict() for s, sampler in self.samplers.items()},
                      "metrics_lines": self.metrics.lines()}
-        return save_checkpoint(self.run_dir, self.step, self.policy.model, self.learner.optimizer, state,
-                               self.config.checkpoint.keep)
+        model_state, optimizer_state = self.trainer.run("checkpoint")
+        return save_checkpoint(self.run_dir, self.step, model_state, optimizer_state, state, self.config.checkpoint.keep)
 
     def _restore(self, path: Path) -> None:
-        state = load_checkpoint(path, self.policy.model, self.learner.optimizer)
+        self.trainer.run("restore", str(path))  # every training process loads weights and optimizer
+        state = read_run_state(path)
         self.step = int(state["step"])
         self.rng.bit_generator.state = state["rng"]
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
@@ -488,7 +537,7 @@ class Campaign:
     def _export(self, name: str) -> Path:
         """The trained model as a `from_pretrained` directory (with the tokenizer)."""
         out = self.run_dir / name
-        model = self.policy.model
+        model = self._copy.policy.model if self._copy is not None else self.policy.model  # never the shards
         if hasattr(model, "merge_and_unload"):  # LoRA: export merged weights, keep the adapters trainable
             import copy
 

@@ -97,15 +97,16 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, Any], optimizer_state: dict[str, Any],
                     state: dict[str, Any], keep: int) -> Path:
-    """Write checkpoint `step` atomically; keep the newest `keep`. Returns its directory."""
+    """Write checkpoint `step` (weights, optimizer state, the run's own state) atomically; keep
+    the newest `keep`. Returns its directory."""
     root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".partial-{step}-{uuid.uuid4().hex[:6]}"
     tmp.mkdir()
-    torch.save(model.state_dict(), tmp / "weights.pt")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(model_state, tmp / "weights.pt")
+    torch.save(optimizer_state, tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({**state, "step": step}, default=_plain))
     for f in tmp.iterdir():
         with f.open("rb") as fh:
@@ -134,11 +135,16 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load weights and optimizer state in place; returns the saved state (step, sampler, RNG...)."""
-    model.load_state_dict(torch.load(path / "weights.pt", map_location="cpu", weights_only=True))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
+def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(weights, optimizer state, the run's own state: step, sampler, RNG...) of a checkpoint."""
+    return (torch.load(path / "weights.pt", map_location="cpu", weights_only=True),
+            torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
+            json.loads((path / "state.json").read_text()))
+
+
+def read_run_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's own state (step, sampler, RNG...) without loading its tensors."""
     return json.loads((path / "state.json").read_text())
 
 
-__all__ = ["MetricsLog", "latest_checkpoint", "load_checkpoint", "read_metrics", "save_checkpoint"]
+__all__ = ["MetricsLog", "latest_checkpoint", "load_checkpoint", "read_metrics", "read_run_state", "save_checkpoint"]

@@ -125,10 +125,15 @@ class CampaignConfig(_Strict):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    processes: int = Field(default=1, ge=1, description="training processes (torchrun, one per GPU): rank 0 "
+                           "plays the rollouts, every rank trains on its share (rl.learner.parallel: ddp|fsdp2)")
 
     @model_validator(mode="after")
     def _check_names(self) -> "CampaignConfig":
         from toolgym.trainers import core_algos
+
+        if self.processes > 1 and self.rl.learner.lora is not None:
+            raise ValueError("processes > 1 with rl.learner.lora is not supported: train LoRA in one process")
 
         if self.rl.learner.loss not in core_algos.POLICY_LOSSES:
             raise ValueError(f"rl.learner.loss {self.rl.learner.loss!r}: use one of {', '.join(core_algos.POLICY_LOSSES)}")

@@ -42,7 +42,7 @@ class SharedWeights:
     def __init__(self, policy: HFPolicy) -> None:
         self.policy = policy
 
-    def push(self, model: torch.nn.Module, version: int) -> None:
+    def push(self, model: torch.nn.Module, version: int, state: dict[str, torch.Tensor] | None = None) -> None:
         """Nothing to copy: the next batch already uses the new weights."""
         self.policy.version = version
 
@@ -60,9 +60,10 @@ class CopiedWeights:
         self.policy = HFPolicy(model, tokenizer=training.tokenizer, device=str(training.device), dtype=training.dtype,
                                name=training.name)
 
-    def push(self, model: torch.nn.Module, version: int) -> None:
-        """Copy the new weights in once the running generation batch is done."""
-        self.policy.load_weights(merged_state(model), version)
+    def push(self, model: torch.nn.Module, version: int, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Copy the new weights (`state`, else the model's) in once the running generation batch
+        is done."""
+        self.policy.load_weights(state if state is not None else merged_state(model), version)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -77,11 +78,12 @@ class ActorWeights:
         self.handle = handle
         self.policy = RemotePolicy(handle, name)
 
-    def push(self, model: torch.nn.Module, version: int) -> None:
+    def push(self, model: torch.nn.Module, version: int, state: dict[str, torch.Tensor] | None = None) -> None:
         """Send the weights through the object store; the actor swaps them between batches."""
         import ray
 
-        ray.get(self.handle.load_state_dict.remote(ray.put(merged_state(model)), version))
+        state = state if state is not None else merged_state(model)
+        ray.get(self.handle.load_state_dict.remote(ray.put(state), version))
 
     def close(self) -> None:
         """Stop the actor."""
@@ -103,22 +105,26 @@ class ServerWeights:
         self.backend = backend
         self._sender: Any = None
 
-    def push(self, model: torch.nn.Module, version: int) -> None:
-        """Pause every server, load the new weights, resume (the order sglang documents)."""
-        asyncio.run(self._push(model, version))
+    def push(self, model: torch.nn.Module, version: int, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Pause every server, load the new weights (`state`, else the model's), resume (the
+        order sglang documents)."""
+        asyncio.run(self._push(model, version, state))
 
-    async def _push(self, model: torch.nn.Module, version: int) -> None:
+    async def _push(self, model: torch.nn.Module, version: int, state: dict[str, torch.Tensor] | None) -> None:
         if self.sync == "distributed":
             from toolgym.harness.weight_sync import WeightBroadcaster
 
             if self._sender is None:
                 self._sender = WeightBroadcaster(self.policy, backend=self.backend)
                 await self._sender.connect()
-            await self._sender.push(merged_state(model), version)
+            await self._sender.push(state if state is not None else merged_state(model), version)
             return
         path = self.weights_dir / f"v{version}"
-        source = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
-        source.save_pretrained(path)
+        if state is not None:  # gathered from several training processes
+            model.save_pretrained(path, state_dict=state)
+        else:
+            source = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+            source.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         await self.policy.update_weights_from_disk(str(path.resolve()), version)
         for old in self.weights_dir.glob("v*"):  # the servers have loaded it: keep only the newest

@@ -157,6 +157,45 @@ class Learner:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t[0])
 
+    def shard(self, batch: TokenBatch) -> TokenBatch:
+        """This rank's contiguous share of a global batch (the whole batch in one process)."""
+        if self.world == 1:
+            return batch
+        rank, rows = torch.distributed.get_rank(), batch.input_ids.shape[0]
+        bounds = [rows * r // self.world for r in range(self.world + 1)]
+        return select(batch, list(range(bounds[rank], bounds[rank + 1])))
+
+    def restart_optimizer(self, lr: float) -> None:
+        """A fresh optimizer state at learning rate `lr` (a new training stage: SFT, then RL)."""
+        self.optimizer.state.clear()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, optimizer) state dicts of the whole model, on the CPU. Data-parallel: a
+        collective every rank calls; rank 0 gets them (FSDP2 gathers the shards)."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        if self.world == 1:  # live references: the caller saves them right away
+            return self.model.state_dict(), self.optimizer.state_dict()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return (get_model_state_dict(self.model, options=options),
+                get_optimizer_state_dict(self.model, self.optimizer, options=options))
+
+    def load_checkpoint_state(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+        """Load what `checkpoint_state` returned (every rank passes the whole dicts)."""
+        if self.world == 1:
+            self.model.load_state_dict(model_state)
+            self.optimizer.load_state_dict(optim_state)
+            return
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, model_state, options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=options)
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights on the CPU (sharded: gathered, a collective every rank calls;
         only rank 0 gets them, the others an empty dict)."""
