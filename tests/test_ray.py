@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,10 @@ def test_hung_environment_is_cut_off_by_the_deadline(cluster):
     before = runner.pids()
     try:
         out = runner.run(tasks, seed=1)
-        after = runner.pids()  # the watchdog killed the worker; Ray brought it back
+        # the watchdog killed the worker (ray.kill returns before the process is gone); Ray brings it back
+        deadline = time.monotonic() + 60
+        while (after := runner.pids()) == before and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         runner.close()
     assert [(t.outcome, t.error) for t in out] == [(Outcome.INFRA_ERROR, "deadline exceeded")] * 2

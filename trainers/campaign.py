@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,7 +33,6 @@ from rich.console import Console
 import toolgym
 from toolgym.envs import full_id
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
-from toolgym.harness.demonstrations import collect_demonstrations
 from toolgym.harness.eval_run import run_eval
 from toolgym.harness.hf_policy import HFPolicy
 from toolgym.harness.trajectory import Trajectory
@@ -47,6 +46,9 @@ from toolgym.trainers.distributed import Coordinator, follow, init_training_proc
 from toolgym.trainers.inference import CopiedWeights
 from toolgym.trainers.learner import Learner, apply_lora
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
+from toolgym.trainers.ray_backend import ray_runner, start_ray
+from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_progress
+from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics
 from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.verifiers import Outcome
 
@@ -190,7 +192,7 @@ class Campaign:
             elif r.backend == "ray":
                 from toolgym.harness.ray_pool import serve_policy
 
-                self._start_ray()
+                start_ray(r.ray)
                 self._weights = inference.ActorWeights(
                     serve_policy(self.policy.source, self.config.model.device or "cpu", self.config.model.dtype))
             elif self._copy is not None:  # several training processes: rank 0's copy samples
@@ -221,37 +223,12 @@ class Campaign:
             r = self.config.rollout
             agent = self.agent(r.temperature, self.weights().policy)
             if r.backend == "ray":
-                self._runner = self._ray_runner(agent)
+                handle = getattr(self.weights(), "handle", None)  # a PolicyActor, unless servers serve
+                self._runner = ray_runner(self.config, agent, self.policy.source, self.limits(), handle)
             else:
                 self._runner = RolloutRunner(self.make_env, agent, group_size=self.config.rl.group_size,
                                              concurrency=r.concurrency, limits=self.limits(), progress=self.progress)
         return self._runner
-
-    def _start_ray(self) -> None:
-        import ray
-
-        from toolgym.harness.ray_pool import init_local_ray
-
-        address = self.config.rollout.ray.address
-        if address:
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-        else:
-            init_local_ray()
-
-    def _ray_runner(self, agent: TokenAgent) -> Any:
-        from toolgym.harness.ray_pool import RayRolloutRunner, actor_agent_spec
-
-        r = self.config.rollout
-        self._start_ray()
-        if r.servers:  # every worker samples from the servers directly
-            spec = {"kind": "sglang", "urls": list(r.servers), "tokenizer": self.policy.source,
-                    "sampling": agent.sampling}
-        else:
-            spec = actor_agent_spec(self.weights().handle, self.policy.source, agent.sampling)
-        env_kwargs = {full_id(m.env): {"sandbox": m.sandbox} for m in self.config.envs if m.sandbox is not None}
-        return RayRolloutRunner(env_kwargs, spec, workers=r.ray.workers, envs_per_worker=r.ray.envs_per_worker,
-                                group_size=self.config.rl.group_size, limits=self.limits(),
-                                deadline_s=r.ray.deadline_s, max_resubmits=r.ray.max_resubmits)
 
     # ---- the whole run ----------------------------------------------------------------------------
 
@@ -331,40 +308,17 @@ class Campaign:
     def sft_stage(self) -> None:
         """Warm start on oracle demonstrations of train tasks (same renderer and masks as RL)."""
         s = self.config.sft
-        tasks = [t for suite in self.train_tasks.values() for t in list(suite.values())[: s.demos_per_suite]]
-        self.console.print(f"SFT: collecting {len(tasks)} oracle demonstrations")
-        played = collect_demonstrations(tasks, self.tokenizer, self.make_env, progress=self.progress,
-                                        concurrency=self.config.rollout.concurrency)
-        checks: dict[str, Any] = {}
-        for suite, suite_tasks in self.train_tasks.items():
-            mine = [t for t in played if t.task_id in suite_tasks]
-            checks[suite] = {"oracle_pass_rate": sum(t.outcome == Outcome.PASSED for t in mine) / max(1, len(mine)),
-                             "infra_errors": sum(t.outcome == Outcome.INFRA_ERROR for t in mine), "episodes": len(mine)}
-            self.console.print(f"oracle on {len(mine)} {suite} train tasks: pass@1 "
-                               f"{checks[suite]['oracle_pass_rate']:.3f}, infra errors {checks[suite]['infra_errors']}")
+        demos, checks = oracle_demonstrations(self.train_tasks, s.demos_per_suite, self.tokenizer, self.make_env,
+                                              self.config.rollout.concurrency, self.progress, self.console)
         assert self.metrics is not None
         self.metrics.log(0, checks, kind="oracle")
-        demos = [t for t in played if t.outcome == Outcome.PASSED]
-        if not demos:
-            raise RuntimeError("no oracle demonstration passed its verifier: check the environments")
         self.trainer.run("restart_optimizer", s.lr)  # a fresh optimizer for SFT, another for RL after
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        columns = [TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("loss {task.fields[loss]:.3f}")]
-        order = self.rng.permutation(len(demos))
-        with Progress(*columns, disable=not self.progress) as bar:
-            bar_id = bar.add_task("sft", total=s.steps, loss=float("nan"))
-            for i in range(s.steps):
-                start = (i * s.batch_size) % len(demos)
-                if start + s.batch_size > len(demos):
-                    order = self.rng.permutation(len(demos))
-                    start = 0
-                chosen = [demos[int(j)] for j in order[start: start + s.batch_size]]
+        with sft_progress(s.steps, self.progress) as advance:
+            for i, chosen in enumerate(sft_batches(demos, s.steps, s.batch_size, self.rng)):
                 m = self.trainer.run("sft", pack(chosen, [0.0] * len(chosen), self.policy.pad_id,
                                                  self.config.rollout.max_total_tokens))
                 self.metrics.log(i + 1, m, kind="sft")
-                bar.update(bar_id, advance=1, loss=m["sft_loss"])
+                advance(m["sft_loss"])
         self.trainer.run("restart_optimizer", self.config.rl.learner.lr)
 
     # ---- RL -------------------------------------------------------------------------------------
@@ -417,13 +371,10 @@ class Campaign:
         # the learner holds version step - 1; older rollouts than max_staleness allows are dropped
         stale = stale_groups(trajs, self.step - 1, c.rollout.max_staleness) - broken
         keep = [i for g, idx in groups.items() if g not in broken and g not in stale for i in idx]
-        metrics: dict[str, Any] = self._rollout_metrics(trajs, rewards, t_rollout, broken)
+        metrics: dict[str, Any] = rollout_metrics(trajs, rewards, t_rollout, broken)
         metrics["tasks"] = [t.id for t in tasks]
         metrics.update(batch.extra)
-        staleness = [t.staleness(self.step - 1) for t in trajs if t.weight_versions]
-        metrics["staleness_mean"] = float(np.mean(staleness)) if staleness else 0.0
-        metrics["staleness_max"] = max(staleness, default=0)
-        metrics["stale_dropped"] = sum(len(groups[g]) for g in stale)
+        metrics.update(staleness_metrics(trajs, self.step - 1, sum(len(groups[g]) for g in stale)))
         train_metrics: dict[str, Any] = {}
         if keep:
             r = torch.tensor([rewards[i] for i in keep])
@@ -465,33 +416,6 @@ class Campaign:
             except ValueError:
                 continue
         return policy.penalize(traj.reward, events)
-
-    def _rollout_metrics(self, trajs: list[Trajectory], rewards: list[float], seconds: float,
-                         broken: set[str]) -> dict[str, Any]:
-        graded = [i for i, t in enumerate(trajs) if t.outcome.is_agent_attempt]
-        r = np.array([rewards[i] for i in graded]) if graded else np.zeros(0)
-        outcomes = Counter(t.outcome.value for t in trajs)
-        n = max(1, len(trajs))
-        policy_tokens = [sum(t.loss_mask) for t in trajs]
-        effects = Counter(e.get("kind", "?") for t in trajs for e in t.side_effects)
-        verify_s = sum(t.verdict.duration_s for t in trajs if t.verdict is not None)
-        return {
-            "reward_mean": float(r.mean()) if r.size else 0.0, "reward_std": float(r.std()) if r.size else 0.0,
-            "pass_rate": sum(trajs[i].outcome == Outcome.PASSED for i in graded) / max(1, len(graded)),
-            "episodes": len(trajs), "infra_or_verifier_errors": len(trajs) - len(graded),
-            "groups_dropped_infra": len(broken),
-            "outcomes": {k: v / n for k, v in outcomes.items()},
-            "truncation_rate": outcomes.get("timeout", 0) / n,
-            "response_tokens_mean": float(np.mean(policy_tokens)) if policy_tokens else 0.0,
-            "episode_tokens_mean": float(np.mean([len(t.token_ids) for t in trajs])),
-            "turns_mean": float(np.mean([len(t.turns) for t in trajs])),
-            "tool_calls_mean": float(np.mean([t.tool_calls for t in trajs])),
-            "tool_errors_mean": float(np.mean([sum(t.tool_errors.values()) for t in trajs])),
-            "side_effect_rate": {k: v / n for k, v in effects.items()},
-            "episodes_with_side_effects": sum(bool(t.side_effects) for t in trajs) / n,
-            "rollout_tokens_per_s": sum(policy_tokens) / max(seconds, 1e-9),
-            "time_verify_s": verify_s,
-        }
 
     # ---- evaluation, checkpoints ------------------------------------------------------------------
 

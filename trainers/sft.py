@@ -1,0 +1,62 @@
+"""The SFT warm start's parts: oracle demonstrations (checked per suite) and their batches."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from rich.console import Console
+
+from toolgym.harness.demonstrations import collect_demonstrations
+from toolgym.harness.trajectory import Trajectory
+from toolgym.tasks import Task
+from toolgym.verifiers import Outcome
+
+
+def oracle_demonstrations(train_tasks: dict[str, dict[str, Task]], per_suite: int, tokenizer: Any,
+                          make_env: Callable[..., Any], concurrency: int, progress: bool,
+                          console: Console) -> tuple[list[Trajectory], dict[str, Any]]:
+    """The oracle played on the first `per_suite` train tasks of every suite, rendered as the
+    policy's tokens: (the passing demonstrations, per-suite oracle pass rate and infra errors).
+    Raises when none passes: the environments, not the model, are broken then."""
+    tasks = [t for suite in train_tasks.values() for t in list(suite.values())[:per_suite]]
+    console.print(f"SFT: collecting {len(tasks)} oracle demonstrations")
+    played = collect_demonstrations(tasks, tokenizer, make_env, progress=progress, concurrency=concurrency)
+    checks: dict[str, Any] = {}
+    for suite, suite_tasks in train_tasks.items():
+        mine = [t for t in played if t.task_id in suite_tasks]
+        checks[suite] = {"oracle_pass_rate": sum(t.outcome == Outcome.PASSED for t in mine) / max(1, len(mine)),
+                         "infra_errors": sum(t.outcome == Outcome.INFRA_ERROR for t in mine), "episodes": len(mine)}
+        console.print(f"oracle on {len(mine)} {suite} train tasks: pass@1 "
+                      f"{checks[suite]['oracle_pass_rate']:.3f}, infra errors {checks[suite]['infra_errors']}")
+    demos = [t for t in played if t.outcome == Outcome.PASSED]
+    if not demos:
+        raise RuntimeError("no oracle demonstration passed its verifier: check the environments")
+    return demos, checks
+
+
+def sft_batches(demos: list[Trajectory], steps: int, batch_size: int, rng: np.random.Generator) -> Iterator[list[Trajectory]]:
+    """`steps` batches of demonstrations: epochs in a fresh random order, no batch split across two."""
+    order = rng.permutation(len(demos))
+    for i in range(steps):
+        start = (i * batch_size) % len(demos)
+        if start + batch_size > len(demos):
+            order = rng.permutation(len(demos))
+            start = 0
+        yield [demos[int(j)] for j in order[start: start + batch_size]]
+
+
+@contextmanager
+def sft_progress(steps: int, enabled: bool) -> Iterator[Callable[[float], None]]:
+    """A progress bar for SFT; yields `advance(loss)`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("loss {task.fields[loss]:.3f}")]
+    with Progress(*columns, disable=not enabled) as bar:
+        bar_id = bar.add_task("sft", total=steps, loss=float("nan"))
+        yield lambda loss: bar.update(bar_id, advance=1, loss=loss)
+
+
+__all__ = ["oracle_demonstrations", "sft_batches", "sft_progress"]
