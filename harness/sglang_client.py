@@ -109,11 +109,15 @@ class SGLangPolicy:
         return [i for i, ok in enumerate(self.healthy) if ok]
 
     async def _probe(self, index: int) -> bool:
-        """True when server `index` answers `/health` and has the current weights."""
+        """True when server `index` answers `/health` and has the current weights. A server that
+        missed an update from disk loads it first; one that missed an update over a
+        distributed group cannot catch up alone and stays out (re-form the group)."""
         try:
             if (await self._http().get(self.urls[index] + "/health", timeout=5.0)).status_code != 200:
                 return False
-            if index in self._missed_update and self._last_update is not None:
+            if index in self._missed_update:
+                if self._last_update is None:
+                    return False
                 path, body = self._last_update
                 await self._control(index, path, body)
                 self._missed_update.discard(index)
@@ -244,8 +248,10 @@ class SGLangPolicy:
         """Pause every server in rotation, apply one weight update to all, resume all.
 
         `during` (a coroutine) runs alongside the update requests: the trainer's broadcast for
-        `/update_weights_from_distributed`. Servers out of rotation get the update when they
-        come back (see `_probe`)."""
+        `/update_weights_from_distributed`. Servers out of rotation get an update from disk
+        when they come back (see `_probe`). The distributed group is a collective over every
+        server: with one of them gone the broadcast cannot complete and the update fails after
+        the group's timeout (use disk updates where servers come and go)."""
         if version is not None:
             body = dict(body, weight_version=str(version))
         live = await self._in_rotation()
@@ -263,8 +269,8 @@ class SGLangPolicy:
             await asyncio.gather(*(self._control(i, "/continue_generation", {}) for i in live),
                                  return_exceptions=True)
         self._missed_update |= {i for i in range(len(self.urls)) if i not in live}
-        if path == "/update_weights_from_disk":
-            self._last_update = (path, body)
+        # only an update from disk can be replayed to a server that comes back
+        self._last_update = (path, body) if path == "/update_weights_from_disk" else None
         self.version = version
 
     async def update_weights_from_disk(self, model_path: str, version: int | None = None) -> None:

@@ -169,3 +169,19 @@ def test_distributed_weight_update_reaches_every_server_process(tiny_dir):
         assert gen.weight_version == 4
         assert gen.token_ids == expected.token_ids
         assert gen.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+
+
+def test_a_server_back_after_missing_an_update_loads_it_before_serving(tiny_policy, tiny_dir):
+    with ProtocolServer(tiny_policy) as a, ProtocolServer(tiny_policy) as b:
+        policy = SGLangPolicy([a.url, b.url], probe_interval_s=60.0)
+
+        async def main():
+            policy._mark_down(1)  # b is out of rotation (refused a connection) during the update
+            await policy.update_weights_from_disk(tiny_dir, version=3)
+            assert b.calls == [] and a.weight_version == "3"
+            policy._next_probe[1] = 0.0  # its next probe is due
+            assert await policy._in_rotation() == [0, 1]  # probed: healthy, and caught up first
+            await policy.aclose()
+
+        asyncio.run(main())
+        assert b.calls == ["update_weights_from_disk"] and b.weight_version == "3"

@@ -79,8 +79,9 @@ class RolloutPipeline:
             self._trained = step
             self._cond.notify_all()
 
-    def close(self, timeout_s: float = 600.0) -> None:
-        """Stop after the batch in progress (if any)."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop after the batch in progress (if any); the thread is a daemon, so an interrupted
+        run does not wait for a long batch beyond `timeout_s`."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
