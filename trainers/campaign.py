@@ -19,9 +19,9 @@ import hashlib
 import shutil
 import threading
 import time
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,9 +47,9 @@ from toolgym.trainers.inference import CopiedWeights
 from toolgym.trainers.learner import Learner, apply_lora
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.ray_backend import ray_runner, start_ray
+from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_progress
 from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics
-from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.verifiers import Outcome
 
 
@@ -352,7 +352,7 @@ class Campaign:
         return RolloutBatch(step, chosen, trajs, t0, time.perf_counter() - t0, extra)
 
     def learn(self, batch: RolloutBatch) -> dict[str, Any]:
-        """Grade, filter and train on one step's rollouts, then publish the new weights."""
+        """Price, filter and train on one step's rollouts (already graded), then publish the new weights."""
         c = self.config
         trajs, chosen, t_rollout = batch.trajectories, batch.chosen, batch.seconds
         tasks = [t for _, t in chosen]
