@@ -43,7 +43,7 @@ from toolgym.trainers.batching import pack
 from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, read_run_state, save_checkpoint
 from toolgym.trainers.config import CampaignConfig, EnvMix
 from toolgym.trainers.distributed import Coordinator, follow, init_training_processes, under_torchrun
-from toolgym.trainers.inference import CopiedWeights
+from toolgym.trainers.inference import CopiedWeights, merged_model
 from toolgym.trainers.learner import Learner, apply_lora
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.ray_backend import ray_runner, start_ray
@@ -462,11 +462,7 @@ class Campaign:
         """The trained model as a `from_pretrained` directory (with the tokenizer)."""
         out = self.run_dir / name
         model = self._copy.policy.model if self._copy is not None else self.policy.model  # never the shards
-        if hasattr(model, "merge_and_unload"):  # LoRA: export merged weights, keep the adapters trainable
-            import copy
-
-            model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(out)
+        merged_model(model).save_pretrained(out)  # LoRA: merged weights; training keeps its adapters
         self.tokenizer.save_pretrained(out)
         return out
 

@@ -29,11 +29,17 @@ import torch
 from toolgym.harness.hf_policy import HFPolicy
 
 
+def merged_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model to serve or save: LoRA adapters merged into a copy (training keeps its
+    adapters), any other model as it is."""
+    if hasattr(model, "merge_and_unload"):
+        return copy.deepcopy(model).merge_and_unload()
+    return model
+
+
 def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights as a plain CPU state dict (LoRA adapters merged in)."""
-    if hasattr(model, "merge_and_unload"):  # LoRA: servers get merged weights, training keeps adapters
-        model = copy.deepcopy(model).merge_and_unload()
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in merged_model(model).state_dict().items()}
 
 
 class SharedWeights:
@@ -54,9 +60,8 @@ class CopiedWeights:
     """A separate in-process copy of the policy for rollouts (see the module docstring)."""
 
     def __init__(self, training: HFPolicy) -> None:
-        model = copy.deepcopy(training.model)
-        if hasattr(model, "merge_and_unload"):
-            model = model.merge_and_unload()
+        model = merged_model(training.model)
+        model = copy.deepcopy(model) if model is training.model else model
         self.policy = HFPolicy(model, tokenizer=training.tokenizer, device=str(training.device), dtype=training.dtype,
                                name=training.name)
 
@@ -123,8 +128,7 @@ class ServerWeights:
         if state is not None:  # gathered from several training processes
             model.save_pretrained(path, state_dict=state)
         else:
-            source = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
-            source.save_pretrained(path)
+            merged_model(model).save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         await self.policy.update_weights_from_disk(str(path.resolve()), version)
         for old in self.weights_dir.glob("v*"):  # the servers have loaded it: keep only the newest
@@ -142,4 +146,4 @@ class ServerWeights:
         self._sender = None
 
 
-__all__ = ["ActorWeights", "CopiedWeights", "ServerWeights", "SharedWeights", "merged_state"]
+__all__ = ["ActorWeights", "CopiedWeights", "ServerWeights", "SharedWeights", "merged_model", "merged_state"]

@@ -152,6 +152,11 @@ class Learner:
         most = int(self._totals_max(float(len(groups))))
         return list(groups) + [None] * (most - len(groups))
 
+    def _idle_pass(self, batch: TokenBatch, last: bool) -> None:
+        """A zero-weight forward and backward on one row: keeps FSDP2's collectives in step with
+        ranks that have more micro-batches (see `_even`)."""
+        self._backward(self._logprobs(select(batch, [0]))[0].sum() * 0.0, last=last)
+
     def _totals_max(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
@@ -258,8 +263,8 @@ class Learner:
                                                               float((sub.mask.sum(1) > 0).sum()))
             groups = self._even(micro_batches([lengths[i] for i in chunk], c.token_budget))
             for n_group, group in enumerate(groups):
-                if group is None:  # FSDP2: keep the collectives in step with the other ranks
-                    self._backward(self._logprobs(select(sub, [0]))[0].sum() * 0.0, last=n_group == len(groups) - 1)
+                if group is None:
+                    self._idle_pass(sub, last=n_group == len(groups) - 1)
                     continue
                 mb = select(sub, group)
                 logp, entropy = self._logprobs(mb, with_entropy=True)
@@ -310,8 +315,8 @@ class Learner:
         nll_sum, correct = 0.0, 0.0
         groups = self._even(micro_batches(lengths, self.config.token_budget))
         for n_group, group in enumerate(groups):
-            if group is None:  # FSDP2: keep the collectives in step with the other ranks
-                self._backward(self._logprobs(select(batch, [0]))[0].sum() * 0.0, last=n_group == len(groups) - 1)
+            if group is None:
+                self._idle_pass(batch, last=n_group == len(groups) - 1)
                 continue
             mb = select(batch, group)
             logp, _ = self._logprobs(mb)
