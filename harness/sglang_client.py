@@ -112,9 +112,9 @@ class SGLangPolicy:
         """True when server `index` answers `/health` and has the current weights. A server that
         missed an update from disk loads it first; one that missed an update over a
         distributed group cannot catch up alone and stays out (re-form the group)."""
+        if not await self._answers(self.urls[index]):
+            return False
         try:
-            if (await self._http().get(self.urls[index] + "/health", timeout=5.0)).status_code != 200:
-                return False
             if index in self._missed_update:
                 if self._last_update is None:
                     return False
@@ -122,7 +122,7 @@ class SGLangPolicy:
                 await self._control(index, path, body)
                 self._missed_update.discard(index)
             return True
-        except (httpx.TransportError, PolicyError):
+        except PolicyError:
             return False
 
     # ---- requests ------------------------------------------------------------------------------
@@ -220,15 +220,16 @@ class SGLangPolicy:
 
     # ---- health and weights ------------------------------------------------------------------
 
+    async def _answers(self, url: str) -> bool:
+        """True when `url` answers `GET /health` with 200."""
+        try:
+            return (await self._http().get(url + "/health", timeout=5.0)).status_code == 200
+        except httpx.TransportError:
+            return False
+
     async def health(self) -> list[bool]:
         """`GET /health` on every server."""
-        async def one(url: str) -> bool:
-            try:
-                return (await self._http().get(url + "/health", timeout=5.0)).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        return list(await asyncio.gather(*(one(u) for u in self.urls)))
+        return list(await asyncio.gather(*(self._answers(u) for u in self.urls)))
 
     async def wait_healthy(self, timeout_s: float = 600.0, poll_s: float = 1.0) -> None:
         """Wait until every server answers `/health`, or raise `PolicyError`."""

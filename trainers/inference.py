@@ -60,8 +60,8 @@ class CopiedWeights:
     """A separate in-process copy of the policy for rollouts (see the module docstring)."""
 
     def __init__(self, training: HFPolicy) -> None:
-        model = merged_model(training.model)
-        model = copy.deepcopy(model) if model is training.model else model
+        model = training.model  # LoRA: merged into a copy; otherwise a plain copy
+        model = merged_model(model) if hasattr(model, "merge_and_unload") else copy.deepcopy(model)
         self.policy = HFPolicy(model, tokenizer=training.tokenizer, device=str(training.device), dtype=training.dtype,
                                name=training.name)
 

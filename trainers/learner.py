@@ -121,12 +121,13 @@ class Learner:
             with self.model.disable_adapter():  # peft: the base model is the reference
                 return sequence_logprobs(self.model, mb.input_ids, mb.attention, mask=mb.mask)[0]
 
-    def _totals(self, *values: float) -> list[float]:
-        """Batch-wide normalisers, summed over ranks when data-parallel."""
+    def _totals(self, *values: float, op: str = "sum") -> list[float]:
+        """Batch-wide normalisers, summed (or their `op="max"`) over ranks when data-parallel."""
         if self.world == 1:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t)
+        ops = torch.distributed.ReduceOp
+        torch.distributed.all_reduce(t, op=ops.MAX if op == "max" else ops.SUM)
         return t.tolist()
 
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
@@ -149,18 +150,13 @@ class Learner:
         micro-batches. Ranks with fewer get `None` entries (a zero-weight pass on one row)."""
         if not self.sharded:
             return list(groups)
-        most = int(self._totals_max(float(len(groups))))
-        return list(groups) + [None] * (most - len(groups))
+        (most,) = self._totals(float(len(groups)), op="max")
+        return list(groups) + [None] * (int(most) - len(groups))
 
     def _idle_pass(self, batch: TokenBatch, last: bool) -> None:
         """A zero-weight forward and backward on one row: keeps FSDP2's collectives in step with
         ranks that have more micro-batches (see `_even`)."""
         self._backward(self._logprobs(select(batch, [0]))[0].sum() * 0.0, last=last)
-
-    def _totals_max(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return float(t[0])
 
     def shard(self, batch: TokenBatch) -> TokenBatch:
         """This rank's contiguous share of a global batch (the whole batch in one process)."""
