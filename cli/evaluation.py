@@ -23,7 +23,7 @@ def _print_report(report) -> None:
 
 
 @app.command("eval")
-def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:PATH | sglang:URL[,URL] | openai:URL[#MODEL]"),
+def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:MODEL (dir, hub id, smollm2-135m) | sglang:URL[,URL] | openai:URL[#MODEL]"),
           suite: str = typer.Option("records", help="registered suite name, or a suite directory/JSONL"),
           split: str = typer.Option("held-out", help="which split to evaluate on"),
           samples: int = typer.Option(1, "-n", "--samples", help="samples per task"),
@@ -88,7 +88,9 @@ def show(path: Path = typer.Argument(..., help="trajectories JSONL"),
 
 
 @app.command("check-template")
-def check_template_cmd(model: str = typer.Argument(..., help="tiny | qwen2.5 | qwen3 | llama3 | model dir | hub id")) -> None:
+def check_template_cmd(model: str = typer.Argument(..., help="a built-in format (qwen2.5, qwen2.5-compact, "
+                                                "qwen3, llama3), a built-in model (tiny, smollm2-135m), a model dir or "
+                                                "a hub id")) -> None:
     """Prove a chat template is prefix-stable for multi-turn tool use, or say where it is not."""
     from toolgym.harness.template_check import check_model_or_format
 

@@ -17,6 +17,7 @@ def main() -> None:
     from toolgym.harness.policy import PolicyError
     from toolgym.sandbox import SandboxError
     from toolgym.tasks import SplitLeakError, TaskLoadError
+    from toolgym.trainers.memory import TrainingMemoryError
 
     try:
         rc = app(standalone_mode=False)  # click returns a raised Exit's code in this mode
@@ -25,7 +26,7 @@ def main() -> None:
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
     except (CLIError, TaskLoadError, SplitLeakError, KeyError, ValueError, FileNotFoundError, OSError,
-            gymnasium.error.Error, PolicyError, SandboxError) as err:
+            gymnasium.error.Error, PolicyError, SandboxError, TrainingMemoryError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         err_console.print(f"error: {msg}", soft_wrap=True, markup=False)  # one line, never wrapped
         sys.exit(2)

@@ -15,12 +15,14 @@ from typing import Any
 _PLACEHOLDER = "PLACEHOLDER_ASSISTANT_TURN"
 #: Renders of the fixed text before an observation delta, by what the render depends on.
 _BEFORE: dict[str, str] = {}
-TEMPLATES = {"qwen2.5": "qwen2_5.jinja", "qwen3": "qwen3.jinja", "llama3": "llama3.jinja"}
+TEMPLATES = {"qwen2.5": "qwen2_5.jinja", "qwen2.5-compact": "qwen2_5_compact.jinja", "qwen3": "qwen3.jinja",
+             "llama3": "llama3.jinja"}
 DEFAULT_SYSTEM = "You are a helpful assistant that solves tasks by calling tools."
 
 
 def load_template(name: str) -> str:
-    """A chat template shipped with toolgym: `qwen2.5`, `qwen3` or `llama3`."""
+    """A chat template shipped with toolgym: `qwen2.5`, `qwen2.5-compact` (the same turns, the tool
+    list as one line per tool: a shorter prompt for small models), `qwen3` or `llama3`."""
     if name not in TEMPLATES:
         raise KeyError(f"no built-in template {name!r}; choose from {', '.join(TEMPLATES)}")
     return resources.files("toolgym.harness").joinpath("templates", TEMPLATES[name]).read_text()

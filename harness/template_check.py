@@ -18,6 +18,7 @@ from toolgym.harness.chat import ChatRenderer, TemplateError, load_template
 
 FORMAT_SPECIAL_TOKENS = {
     "qwen2.5": ["<|im_start|>", "<|im_end|>"],
+    "qwen2.5-compact": ["<|im_start|>", "<|im_end|>"],
     "qwen3": ["<|im_start|>", "<|im_end|>", "<think>", "</think>"],
     "llama3": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
 }
@@ -122,16 +123,16 @@ def tokenizer_for_format(fmt: str, base_dir: str | None = None) -> tuple[Any, st
 
 
 def check_model_or_format(target: str) -> TemplateReport:
-    """`target` is a built-in format (qwen2.5, qwen3, llama3), `tiny`, a local model dir or a hub id."""
+    """`target` is a built-in format (qwen2.5, qwen2.5-compact, qwen3, llama3), a built-in model
+    (`tiny`, `smollm2-135m`), a local model dir or a hub id."""
     if target in FORMAT_SPECIAL_TOKENS:
         tokenizer, template = tokenizer_for_format(target)
         return check_template(tokenizer, template, name=f"{target} (built-in)")
     from transformers import AutoTokenizer
 
-    from toolgym.harness.tiny import build_tiny_policy
+    from toolgym.harness.pretrained import resolve_model
 
-    path = str(build_tiny_policy()) if target == "tiny" else target
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{target}: the tokenizer has no chat template")
     return check_template(tokenizer, name=target)

