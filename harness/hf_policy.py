@@ -1,8 +1,11 @@
 """`HFPolicy`: a transformers causal LM in-process, with requests from concurrent episodes batched.
 
 Episodes call `await policy.generate(...)`; requests that arrive while a batch is running are
-gathered into the next batch (left-padded, one KV cache), which runs in a worker thread so the
-event loop keeps stepping environments meanwhile. Throughput grows with concurrency.
+gathered into the next batch (one KV cache, preallocated), which runs in a worker thread so the
+event loop keeps stepping environments meanwhile. Throughput grows with concurrency. Each
+episode's keys and values are kept between its turns (`harness/kv_cache.py`), so a turn computes
+only its observation and its own tokens, never the history again; rows that start fresh share
+their common prefix (one forward for the system prompt and tool list).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import Any
 
 import torch
 
-from toolgym.harness.policy import Generation, PolicyError, SamplingParams
-from toolgym.harness.prefix import MIN_SHARED, cache_kwarg, common_prefix_length, prefix_cache
+from toolgym.harness.kv_cache import CachedEpisode, EpisodeKVStore, buffer_cache, weights_fingerprint
+from toolgym.harness.policy import Generation, PolicyError, SamplingParams, current_episode
+from toolgym.harness.prefix import MIN_SHARED, cache_kwarg, common_prefix_length
+from toolgym.harness.sampling import _MASK32, filter_logits, sample_tokens, uniform_draws  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -24,56 +29,7 @@ class _Request:
     prompt: list[int]
     sampling: SamplingParams
     future: asyncio.Future
-
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mix on int64 tensors (values stay below 2**63: no overflow on any device)."""
-    x = x & _MASK32
-    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _MASK32
-    x = ((x ^ (x >> 15)) * 0x5BD1E995) & _MASK32
-    return x ^ (x >> 16)
-
-
-def gumbel_noise(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise of shape (rows, vocab), a pure function of (row seed, step, token id).
-
-    Counter-based instead of a stateful generator: one batched op for every row, the same
-    numbers on every device, and a row's noise never depends on which rows share its batch.
-    """
-    row = _hash32(seeds * 0x9E3779B1 + _hash32(torch.full_like(seeds, step + 0x632BE5AB)))
-    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    bits = _hash32(row.unsqueeze(1) ^ _hash32(cols * 0x27D4EB2F + 0x165667B1).unsqueeze(0))
-    uniform = (bits.to(torch.float64) + 0.5) / 4294967296.0
-    return (-torch.log(-torch.log(uniform))).to(torch.float32)
-
-
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Per-row top-k (0 = off) and nucleus (1.0 = off) cuts, as -inf, for the whole batch at once."""
-    vocab = logits.shape[-1]
-    if bool((top_k > 0).any()):
-        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-        kth = torch.sort(logits, dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if bool((top_p < 1.0).any()):
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p.unsqueeze(1)  # keeps the top token
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """One token per row: greedy where temperature is 0, else the Gumbel-max trick (an exact
-    sample of softmax(filtered logits / T)), with no per-row Python loop and no host sync."""
-    greedy = torch.argmax(logits, dim=-1)
-    scaled = filter_logits(logits / temperature.clamp(min=1e-6).unsqueeze(1), top_k, top_p)
-    sampled = torch.argmax(scaled + gumbel_noise(seeds, step, logits.shape[-1]), dim=-1)
-    return torch.where(temperature > 0, sampled, greedy)
+    episode: str | None  # the rollout runner's episode id: whose cached keys and values to reuse
 
 
 def default_device() -> str:
@@ -98,15 +54,44 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
 SYNC_EVERY = 8
 
 
+def _kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(layers, key/value heads, head dim) of a decoder's KV cache, from its config."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim
+
+
+@dataclass
+class _Prefill:
+    """A batch after its first forward: the output, the mask and positions, the cache, and where
+    each row's tokens sit in the cache (to store them for the episode's next turn)."""
+
+    out: Any
+    attention: torch.Tensor   # (rows, capacity): 0 on pads; each forward passes the filled columns
+    positions: torch.Tensor   # (rows, new tokens)
+    cache: Any
+    past: list[int]           # cached tokens per row, in columns [0, past)
+    new: list[int]            # the row's own new tokens, right-aligned to `width`
+    width: int                # columns filled by the prompt (past region + new region)
+
+
 class HFPolicy:
     """A Hugging Face causal LM as a batched token-in/token-out policy (CPU or GPU).
 
-    `model` is a local directory or a hub id, loaded with `from_pretrained`.
+    `model` is a local directory, a hub id or a built-in name (`smollm2-135m`, `tiny`), loaded
+    with `from_pretrained`. Each episode's keys and values are kept between its turns (up to
+    `cache_gb`), so a turn computes only the tokens the previous turn did not see. A batch holds
+    at most `max_batch` requests and a KV cache of at most `batch_gb`; more wait for the next.
     """
 
     def __init__(self, model: str | Any, tokenizer: Any | None = None, device: str | None = None,
-                 dtype: str | torch.dtype | None = None, max_batch: int = 128, name: str | None = None) -> None:
+                 dtype: str | torch.dtype | None = None, max_batch: int = 128, name: str | None = None,
+                 cache_gb: float = 4.0, batch_gb: float = 2.0) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from toolgym.harness.pretrained import resolve_model
 
         device = device or default_device()
         if str(device).startswith("cuda") and not torch.cuda.is_available():
@@ -114,18 +99,28 @@ class HFPolicy:
         dtype = resolve_dtype(dtype, device)
         #: The directory or hub id the weights came from (None for an in-memory model): where a
         #: remote copy of this policy (a Ray `PolicyActor`) loads from before weights are pushed.
-        self.source: str | None = model if isinstance(model, str) else None
-        if isinstance(model, str):
+        self.source: str | None = resolve_model(model) if isinstance(model, str) else None
+        if self.source is not None:
             self.name = name or f"hf:{model}"
-            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
-            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(self.source)
+            self.model = AutoModelForCausalLM.from_pretrained(self.source, dtype=dtype)
         else:
             self.name = name or "hf:in-memory"
             self.tokenizer, self.model = tokenizer, model
         self.model.to(device=device, dtype=dtype).eval()
         self.device = torch.device(device)
         self.dtype = dtype
+        # bf16 on a CPU: grouped-query attention as plain matmuls over keys stored transposed
+        # (see harness/cpu_attention.py); SDPA elsewhere
+        self._keys_transposed = self.device.type == "cpu" and dtype == torch.bfloat16
+        if self._keys_transposed:
+            from toolgym.harness import cpu_attention
+
+            self.model.set_attn_implementation(cpu_attention.NAME)
         self.max_batch = max_batch
+        layers, heads, dim = _kv_shape(self.model)
+        self._kv_token_bytes = 2 * layers * heads * dim * torch.finfo(dtype).bits // 8
+        self.batch_bytes = int(batch_gb * 2**30)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.default_stop = {i for i in (self.tokenizer.eos_token_id,) if i is not None}
         for tok in ("<|im_end|>", "<|eot_id|>"):
@@ -134,10 +129,17 @@ class HFPolicy:
                 self.default_stop.add(tid)
         #: The weight version generations report (the trainer bumps it after each update).
         self.version = 0
+        #: Each episode's keys and values between its turns (emptied when the weights change).
+        self.kv = EpisodeKVStore(int(cache_gb * 2**30))
+        self._fingerprint: tuple[int, ...] | None = None
         # Held while a batch generates: a weight push waits for the batch, so every turn was
         # sampled by exactly the weights its version names.
         self._weights_lock = threading.Lock()
         self._pending: list[_Request] = []
+        #: Episodes that asked for a turn and have not ended (the batcher waits for them).
+        self._live: set[str] = set()
+        #: How long a batch may wait for live episodes still stepping their environments.
+        self.gather_s = 0.25
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self.batch_sizes: list[int] = []  # observed batch sizes, for benchmarks and tests
@@ -145,16 +147,52 @@ class HFPolicy:
     # ---- async, batched --------------------------------------------------------------------------
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        """Queue one request; it joins the next batch."""
+        """Queue one request; it joins the next batch. The rollout runner's episode id
+        (`current_episode`) names the episode whose cached keys and values it may reuse."""
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
             self._wakeup = asyncio.Event()
             self._worker = loop.create_task(self._run_batches())
         future: asyncio.Future = loop.create_future()
-        self._pending.append(_Request(list(prompt_ids), sampling, future))
+        episode = current_episode.get()
+        if episode is not None:
+            self._live.add(episode)
+        self._pending.append(_Request(list(prompt_ids), sampling, future, episode))
         assert self._wakeup is not None
         self._wakeup.set()
         return await future
+
+    def end_episode(self, episode: str) -> None:
+        """The rollout runner's word that `episode` ended: drop its cached keys and values, and
+        stop waiting for its next turn."""
+        self._live.discard(episode)
+        self.kv.discard(episode)
+        if self._wakeup is not None and self._pending:
+            self._wakeup.set()
+
+    async def _gather(self) -> None:
+        """Wait (at most `gather_s`) until every live episode has a request pending: episodes
+        come back from their environment steps at different times, and a turn batch that leaves
+        some behind costs a whole extra batch later."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.gather_s
+        while len(self._pending) < min(self.max_batch, len(self._live)) and loop.time() < deadline:
+            await asyncio.sleep(0.002)
+
+    def _next_batch(self) -> list[_Request]:
+        """The oldest pending requests that fit in one batch: at most `max_batch`, and a KV cache
+        (rows x longest row) of at most `batch_bytes`."""
+        batch: list[_Request] = []
+        longest = 0
+        for request in self._pending:
+            longest_next = max(longest, len(request.prompt) + request.sampling.max_new_tokens)
+            too_big = (len(batch) + 1) * longest_next * self._kv_token_bytes > self.batch_bytes
+            if batch and (len(batch) >= self.max_batch or too_big):
+                break
+            batch.append(request)
+            longest = longest_next
+        self._pending = self._pending[len(batch):]
+        return batch
 
     async def _run_batches(self) -> None:
         assert self._wakeup is not None
@@ -163,11 +201,13 @@ class HFPolicy:
             self._wakeup.clear()
             for _ in range(3):  # let episodes that are ready right now enqueue too
                 await asyncio.sleep(0)
+            await self._gather()
             while self._pending:
-                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch:]
+                batch = self._next_batch()
                 try:
                     results = await asyncio.to_thread(
-                        self.generate_batch, [r.prompt for r in batch], [r.sampling for r in batch])
+                        self.generate_batch, [r.prompt for r in batch], [r.sampling for r in batch],
+                        [r.episode for r in batch])
                 except Exception as err:  # reported to every waiting episode, never swallowed
                     for r in batch:
                         if not r.future.done():
@@ -184,33 +224,70 @@ class HFPolicy:
         return self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                           logits_to_keep=1, **{cache_kwarg(self.model): cache})
 
-    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
-        """The batch's first forward: (output, attention mask, positions, KV cache).
+    def _new_cache(self, rows: int, capacity: int) -> Any:
+        return buffer_cache(rows, _kv_shape(self.model), capacity, self.dtype, self.device, self._keys_transposed)
 
-        Rows are left-padded. When they share a prefix (the system prompt and tool list, a GRPO
-        group's task), it runs once and its cache is repeated: the layout is then [prefix][pads]
-        [row's own tokens], the mask has zeros only on the pads, positions continue the prefix."""
-        from transformers import DynamicCache
-
-        dev, n = self.device, len(prompts)
-        shared = common_prefix_length(prompts) if n > 1 else 0
+    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[int, Any]:
+        """The rows' common leading tokens (the system prompt and tool list, a GRPO group's task)
+        run once: (length, a one-row cache holding them)."""
+        shared = common_prefix_length(prompts) if len(prompts) > 1 else 0
         if shared < MIN_SHARED:
-            shared = 0
-        rest = [p[shared:] for p in prompts]
-        width = max(len(r) for r in rest)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(rest):
-            ids[i, width - len(r):] = torch.tensor(r)
-            attn[i, width - len(r):] = 1
-        ids, attn = ids.to(dev), attn.to(dev)
-        pos = (shared + attn.cumsum(-1) - 1).clamp(min=0)
-        if shared:
-            _, cache = prefix_cache(self.model, torch.tensor([prompts[0][:shared]], device=dev), n, logits=False)
-            attn = torch.cat([torch.ones((n, shared), dtype=attn.dtype, device=dev), attn], dim=1)
-        else:
-            cache = DynamicCache()
-        return self._forward(ids, attn, pos, cache), attn, pos, cache
+            return 0, None
+        cache = self._new_cache(1, shared)
+        ids = torch.tensor([prompts[0][:shared]], device=self.device)
+        self._forward(ids, torch.ones_like(ids), torch.arange(shared, device=self.device).unsqueeze(0), cache)
+        return shared, cache
+
+    def _prefill(self, prompts: list[list[int]], keys: list[str | None], max_new: int) -> _Prefill:
+        """The batch's first forward. Each row's past comes from its episode's stored keys and
+        values (a later turn) or from the batch's shared prefix (first turns); only the rest of
+        its prompt runs. Cache layout per row: [past][pads] [pads][new tokens] [generated...];
+        the mask is 0 on pads, positions continue the row's own sequence."""
+        dev, n = self.device, len(prompts)
+        entries = [self.kv.take(k, p) for k, p in zip(keys, prompts)]
+        fresh = [i for i, e in enumerate(entries) if e is None]
+        shared, prefix = self._shared_prefix([prompts[i] for i in fresh])
+        past = [len(e.tokens) if e is not None else shared for e in entries]
+        new = [len(p) - c for p, c in zip(prompts, past)]
+        width_past, width_new = max(past), max(new)
+        width = width_past + width_new
+        cache = self._new_cache(n, width + max_new)
+        for number, layer in enumerate(cache.layers):
+            if prefix is not None and fresh:
+                head = prefix.layers[number]
+                layer.write(fresh, head.keys, head.values)
+            for i, entry in enumerate(entries):
+                if entry is not None:
+                    layer.write(i, entry.keys[number], entry.values[number])
+            layer.advance(width_past)
+        attention = torch.zeros((n, width + max_new), dtype=torch.long)
+        attention[:, width:] = 1
+        ids = torch.full((n, width_new), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((n, width_new), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            attention[i, : past[i]] = 1
+            attention[i, width - new[i]: width] = 1
+            ids[i, width_new - new[i]:] = torch.tensor(p[past[i]:])
+            pos[i, width_new - new[i]:] = torch.arange(past[i], len(p))
+        self.kv.reused_tokens += sum(len(e.tokens) for e in entries if e is not None)
+        self.kv.computed_tokens += sum(new) + shared
+        attention, ids, pos = attention.to(dev), ids.to(dev), pos.to(dev)
+        # the mask covers the filled columns; transformers pads it with zeros to the whole buffer
+        out = self._forward(ids, attention[:, :width], pos, cache)
+        return _Prefill(out, attention, pos, cache, past, new, width)
+
+    def _keep(self, pre: _Prefill, prompts: list[list[int]], keys: list[str | None], generated: list[list[int]]) -> None:
+        """Store each episode's keys and values for its next turn: the prompt and every
+        generated token but the last (whose keys were never computed)."""
+        for i, key in enumerate(keys):
+            if key is None or not generated[i]:
+                continue
+            fed = len(generated[i]) - 1
+            cols = torch.cat([torch.arange(pre.past[i]), torch.arange(pre.width - pre.new[i], pre.width + fed)])
+            cols = cols.to(self.device)
+            rows = [layer.read(i, cols) for layer in pre.cache.layers]
+            self.kv.put(key, CachedEpisode(tokens=prompts[i] + generated[i][:fed],
+                                           keys=[k for k, _ in rows], values=[v for _, v in rows]))
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Replace the weights (a trainer's push) once the running batch is done; later turns
@@ -219,20 +296,27 @@ class HFPolicy:
             self.model.load_state_dict(state)
             self.version = version
 
-    def generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
-        """Generate completions for several prompts at once (left padding, shared KV cache).
+    def generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams],
+                       episodes: list[str | None] | None = None) -> list[Generation]:
+        """Generate completions for several prompts at once (left padding, one KV cache).
 
-        Sampling, stop checks and bookkeeping stay on the policy's device; tokens and logprobs
-        are copied back once at the end. A row's tokens depend only on its prompt and seed,
-        never on its batch (counter-based noise; see `gumbel_noise`)."""
+        `episodes` names the episode of each row (None: not cached between turns). Sampling,
+        stop checks and bookkeeping stay on the policy's device; tokens and logprobs are copied
+        back once at the end. A row's tokens depend only on its prompt and seed, never on its
+        batch or on what was cached (counter-based draws; see `harness/sampling.py`)."""
         with self._weights_lock:
-            generations = self._generate_batch(prompts, samplings)
+            fingerprint = weights_fingerprint(self.model)
+            if fingerprint != self._fingerprint:  # new weights: every cached key and value is stale
+                self.kv.clear()
+                self._fingerprint = fingerprint
+            generations = self._generate_batch(prompts, samplings, episodes or [None] * len(prompts))
             for g in generations:
                 g.weight_version = self.version
         return generations
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams]) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams],
+                        episodes: list[str | None]) -> list[Generation]:
         if not prompts:
             return []
         if min(len(p) for p in prompts) == 0:
@@ -256,11 +340,8 @@ class HFPolicy:
         lengths = torch.zeros(n, dtype=torch.long, device=dev)
         stopped = torch.zeros(n, dtype=torch.bool, device=dev)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
-        out, attn, pos, cache = self._prefill(prompts)
-        # the mask's future columns are allocated once (a view grows, no copy per token)
-        width = attn.shape[1]
-        full_attn = torch.ones((n, width + max_new), dtype=attn.dtype, device=dev)
-        full_attn[:, :width] = attn
+        pre = self._prefill(prompts, episodes, max_new)
+        out, pos = pre.out, pre.positions
         # asking "all done?" syncs with the device: on CPU it is free, on an accelerator batch it
         sync_every = 1 if torch.device(dev).type == "cpu" else SYNC_EVERY
         for step in range(max_new):
@@ -276,10 +357,11 @@ class HFPolicy:
             done |= hit_stop | (lengths >= limit)
             if step == max_new - 1 or (step % sync_every == sync_every - 1 and bool(done.all())):
                 break
-            attn = full_attn[:, : width + step + 1]
             pos = pos[:, -1:] + 1
-            out = self._forward(tok.unsqueeze(1), attn, pos, cache)  # the cache object grows in place
+            out = self._forward(tok.unsqueeze(1), pre.attention[:, : pre.width + step + 1], pos, pre.cache)
         tokens_h, logps_h = tokens.tolist(), logps.tolist()
         lengths_h, stopped_h = lengths.tolist(), stopped.tolist()
-        return [Generation(token_ids=tokens_h[i][: lengths_h[i]], logprobs=logps_h[i][: lengths_h[i]],
+        generated = [tokens_h[i][: lengths_h[i]] for i in range(n)]
+        self._keep(pre, prompts, episodes, generated)
+        return [Generation(token_ids=generated[i], logprobs=logps_h[i][: lengths_h[i]],
                            finish_reason="stop" if stopped_h[i] else "length") for i in range(n)]

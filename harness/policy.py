@@ -56,3 +56,7 @@ class Policy(Protocol):
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         """Sample one completion of `prompt_ids`."""
         ...
+
+    # Optional: `end_episode(episode: str) -> None`, called by the rollout runner when the episode
+    # named by `current_episode` ends, so a backend can free what it kept for it (`HFPolicy`: the
+    # episode's cached keys and values) and stop waiting for its next turn when it batches.

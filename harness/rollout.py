@@ -49,7 +49,8 @@ async def run_episode(env: ToolEnv, agent: TokenAgent | TextAgent, task: Task, s
                       policy=agent.name, env_id=task.env_id, family=task.family, difficulty=task.difficulty,
                       split=task.split)
     start = time.perf_counter()
-    routing = current_episode.set(f"{traj.group_id}:{sample_index}")  # the policy's routing key
+    episode = f"{traj.group_id}:{sample_index}"
+    routing = current_episode.set(episode)  # the policy's routing key
     try:
         terminated, valid_calls = await asyncio.wait_for(
             _play(env, agent, task, seed, sample_index, limits, traj), limits.episode_timeout_s)
@@ -63,6 +64,9 @@ async def run_episode(env: ToolEnv, agent: TokenAgent | TextAgent, task: Task, s
         return traj
     finally:
         current_episode.reset(routing)
+        end_episode = getattr(getattr(agent, "policy", None), "end_episode", None)
+        if end_episode is not None:  # optional in the Policy protocol: frees what the policy kept for it
+            end_episode(episode)
     await _grade(env, task, traj, verifier, terminated, valid_calls)
     traj.duration_s = time.perf_counter() - start
     return traj

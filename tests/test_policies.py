@@ -223,15 +223,28 @@ def test_a_rows_tokens_do_not_depend_on_its_batch(tiny_dir):
 
 
 def test_seeds_differ_and_repeat():
-    from toolgym.harness.hf_policy import gumbel_noise
+    from toolgym.harness.sampling import uniform_draws
 
     seeds = torch.tensor([1, 2, 1])
-    noise = gumbel_noise(seeds, 0, 50)
-    assert torch.equal(noise[0], noise[2]) and not torch.equal(noise[0], noise[1])
-    assert not torch.equal(gumbel_noise(seeds, 1, 50)[0], noise[0])  # a new step, new noise
+    draws = uniform_draws(seeds, 0)
+    assert draws[0] == draws[2] and draws[0] != draws[1]
+    assert uniform_draws(seeds, 1)[0] != draws[0]  # a new step, a new draw
+    many = uniform_draws(torch.arange(50000), 7)
+    assert 0 < float(many.min()) and float(many.max()) < 1 and abs(float(many.mean()) - 0.5) < 0.01
 
 
-def test_gumbel_max_samples_the_softmax():
+def test_sampling_never_draws_a_cut_token():
+    """Tokens removed by top-k/top-p (probability 0) are never sampled, whatever the draw."""
+    from toolgym.harness.hf_policy import sample_tokens
+
+    logits = torch.tensor([3.0, 2.5, 0.0, -1.0, -2.0]).repeat(5000, 1)
+    n = logits.shape[0]
+    ones = torch.ones(n)
+    toks = sample_tokens(logits, ones, torch.full((n,), 2), ones, torch.arange(n), 0)
+    assert set(toks.tolist()) == {0, 1}
+
+
+def test_inverse_cdf_samples_the_softmax():
     """20,000 rows with different seeds: token frequencies match softmax(logits / T)."""
     from toolgym.harness.hf_policy import sample_tokens
 
