@@ -21,13 +21,15 @@ from pathlib import Path
 
 CONFIGS = {
     "full": {},
+    "full + bf16 autocast": {"autocast": "bf16"},
     "full + reference (kl)": {"kl_beta": 0.05},
     "lora": {"lora": {"r": 8, "alpha": 16}},
+    "lora + bf16 autocast": {"lora": {"r": 8, "alpha": 16}, "autocast": "bf16"},
     "lora + kl": {"lora": {"r": 8, "alpha": 16}, "kl_beta": 0.05},
 }
 
 
-def one(name: str, hidden: int, layers: int, batch: int, steps: int) -> dict:
+def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str | None = None) -> dict:
     """Run in a child process: build the model, collect demonstrations, time `steps` RL steps."""
     import toolgym
     from toolgym.harness.demonstrations import collect_demonstrations
@@ -37,9 +39,10 @@ def one(name: str, hidden: int, layers: int, batch: int, steps: int) -> dict:
     from toolgym.trainers.batching import pack
     from toolgym.trainers.learner import Learner, LearnerConfig, apply_lora
 
-    path = build_tiny_policy(DEFAULT_DIR.with_name(f"tiny-policy-v1-h{hidden}-l{layers}-v1024"), hidden=hidden,
-                             layers=layers)
-    policy = HFPolicy(str(path), device="cpu", dtype="fp32")
+    if model is None:
+        model = str(build_tiny_policy(DEFAULT_DIR.with_name(f"tiny-policy-v1-h{hidden}-l{layers}-v1024"),
+                                      hidden=hidden, layers=layers))
+    policy = HFPolicy(model, device="cpu", dtype="fp32")
     config = LearnerConfig(**CONFIGS[name])
     if config.lora is not None:
         policy.model = apply_lora(policy.model, config.lora)
@@ -64,21 +67,26 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--model", default=None, help="a built-in model (smollm2-135m) or directory instead of "
+                        "the tiny model of --hidden x --layers")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
     parser.add_argument("--out", default="runs/bench/trainer.json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(one(args.child, args.hidden, args.layers, args.batch, args.steps)))
+        print(json.dumps(one(args.child, args.hidden, args.layers, args.batch, args.steps, args.model)))
         return
     results = []
-    for name in CONFIGS:
+    for name in args.configs.split(","):
+        extra = ["--model", args.model] if args.model else []
         out = subprocess.run([sys.executable, __file__, "--child", name, "--hidden", str(args.hidden), "--layers",
-                              str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps)],
+                              str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps), *extra],
                              capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     base = results[0]
+    model = args.model or f"tiny h{args.hidden} x {args.layers} layers"
     print(f"one RL step, {base['train_tokens']} policy tokens ({base['padded_tokens']} tokens forwarded), "
-          f"model h{args.hidden} x {args.layers} layers, CPU:")
+          f"model {model}, CPU:")
     for r in results:
         print(f"  {r['config']:<22} {r['tokens_per_s']:8.0f} train tok/s ({r['step_s']:.2f} s/step, "
               f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x full)  peak RSS {r['peak_rss_mb']:.0f} MB "

@@ -55,19 +55,20 @@ def _run(config, resume: bool, sft_only: bool = False) -> dict:
 
 
 def _print_headline(result: dict) -> None:
-    for suite, numbers in result.get("suites", {}).items():
-        if numbers.get("gain_points") is not None:
-            console.print(f"[bold]{suite}[/] held-out pass@1: {numbers['before']:.3f} -> {numbers['after']:.3f} "
-                          f"({numbers['gain_points']:+.1f} points)")
+    """The report's path, then one line per suite (`SUITE held-out pass@1: base -> SFT -> final`),
+    last: what a run is judged by."""
     if result.get("report"):
         console.print(f"report: {result['report']}")
+    for line in result.get("lines", []):
+        console.print(line, markup=False, soft_wrap=True)
 
 
 @app.command()
 def train(config: Path = typer.Argument(..., help="campaign YAML (see examples/)"),
           resume: bool = typer.Option(False, "--resume", help="continue from the run's last checkpoint"),
           out: Optional[Path] = typer.Option(None, help="run directory (default: the config's out_dir)"),
-          set_: list[str] = typer.Option([], "--set", help="override a config field, e.g. --set rl.steps=5")) -> None:
+          set_: list[str] = typer.Option([], "--set", help="override a config field, e.g. --set rl.steps=5 "
+                                         "or --set envs.0.eval_tasks=50")) -> None:
     """Run a training campaign: SFT warm start (if configured), GRPO with the learnability
     sampler, held-out evaluation, checkpoints, metrics (JSONL + TensorBoard) and a report."""
     _print_headline(_run(_load(config, out, set_), resume))
@@ -96,8 +97,8 @@ def report(run_dir: Path = typer.Argument(..., help="a `toolgym train` run direc
         result = write_report(run_dir)
     except ReportError as err:
         raise CLIError(str(err)) from None
-    _print_headline(result)
     console.print(f"plots: {len(result['plots'])} in {run_dir / 'plots'}")
+    _print_headline(result)
 
 
 @app.command()

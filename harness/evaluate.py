@@ -49,6 +49,26 @@ def _bootstrap(per_task: np.ndarray, rng: np.random.Generator, n_boot: int = 100
                     high=float(np.quantile(means, 1 - alpha)), tasks=int(per_task.size))
 
 
+def per_task_pass_rate(trajs: list[Trajectory]) -> dict[str, float]:
+    """Each task's pass rate over its graded samples (infra and verifier errors left out)."""
+    graded: dict[str, list[bool]] = defaultdict(list)
+    for t in trajs:
+        if t.outcome.is_agent_attempt:
+            graded[t.task_id].append(t.outcome == Outcome.PASSED)
+    return {task: float(np.mean(v)) for task, v in graded.items()}
+
+
+def paired_difference(before: list[Trajectory], after: list[Trajectory], seed: int = 0, n_boot: int = 2000,
+                      level: float = 0.95) -> Estimate:
+    """pass@1 of `after` minus `before` on the tasks both graded, with a paired bootstrap CI:
+    tasks are resampled together, so the task-to-task spread that both evaluations share cancels
+    (same tasks, same sampling seeds: the comparison the campaign's evaluations make)."""
+    a, b = per_task_pass_rate(before), per_task_pass_rate(after)
+    common = sorted(set(a) & set(b))
+    diffs = np.array([b[t] - a[t] for t in common], dtype=float)
+    return _bootstrap(diffs, np.random.default_rng(seed), n_boot=n_boot, level=level)
+
+
 class GroupReport(BaseModel):
     """Numbers for one slice (all, a family, a difficulty)."""
 

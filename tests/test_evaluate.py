@@ -128,3 +128,23 @@ def test_eval_cli_untrained_tiny_is_near_zero_with_format_errors(tmp_path):
 def test_eval_bad_input(args, needle):
     out = run_cli(*args)
     assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr
+
+
+def _graded(task, passed):
+    from toolgym.harness.trajectory import Trajectory
+
+    return Trajectory(task_id=task, group_id=task, seed=0, policy="p", env_id="toolgym/records-v0",
+                      outcome=Outcome.PASSED if passed else Outcome.FAILED, reward=float(passed))
+
+
+def test_paired_difference_by_hand():
+    from toolgym.harness.evaluate import paired_difference
+
+    before = [_graded(f"t{i}", i < 4) for i in range(10)]          # 0.4
+    after = [_graded(f"t{i}", i < 4 or i in (6, 7)) for i in range(10)]  # 0.6, never worse on a task
+    infra = _graded("t9", True).model_copy(update={"outcome": Outcome.INFRA_ERROR})
+    diff = paired_difference(before, after[:9] + [infra], seed=0)
+    assert diff.tasks == 9 and diff.value == pytest.approx(2 / 9)  # t9 has no graded sample after: left out
+    assert 0 < diff.low <= diff.value <= diff.high  # every resample gains: the paired CI excludes 0
+    same = paired_difference(before, before, seed=0)
+    assert same.value == same.low == same.high == 0.0

@@ -85,3 +85,22 @@ def test_draws_are_distinct_and_bad_input_is_refused():
 def test_beta_tail():
     assert beta_tail(1, 1, hi=0.9) == pytest.approx(0.1, abs=0.002)
     assert beta_tail(41, 1, hi=0.9) > 0.95 and beta_tail(1, 61, lo=0.05) > 0.95
+
+
+def test_unseen_tasks_of_a_family_inherit_its_pooled_pass_rate():
+    """A short campaign rarely draws a task twice: after a few attempts per family, unseen tasks of
+    a family that always passes or never does are drawn less than those of a family near 1/2."""
+    groups = {f"{fam}{i}": fam for fam in ("easy", "hard", "mid") for i in range(20)}
+    s = LearnabilitySampler(list(groups), SamplerConfig(floor=0.0, pool_strength=16), groups)
+    s.update("easy0", [1.0] * 6)
+    s.update("hard0", [0.0] * 6)
+    s.update("mid0", [1.0, 0.0] * 3)
+    w = dict(zip(groups, s.weights(list(groups))))
+    assert w["mid5"] > 1.5 * w["easy5"] and w["mid5"] > 1.5 * w["hard5"]
+    assert w["easy5"] == pytest.approx(w["easy9"])  # unseen siblings share the family's prior
+    plain = LearnabilitySampler(list(groups), SamplerConfig(floor=0.0, pool_strength=0), groups)
+    plain.update("easy0", [1.0] * 6)
+    assert plain.weights(["easy5"])[0] == pytest.approx(1 / 6)  # no pooling: still the flat prior
+    restored = LearnabilitySampler.from_state(s.state_dict())
+    assert np.allclose(restored.weights(list(groups)), s.weights(list(groups)))
+    assert s.summary()["group_pass_rate"] == {"easy": 1.0, "hard": 0.0, "mid": 0.5}

@@ -232,3 +232,40 @@ def test_a_mixed_batch_plays_each_task_on_its_own_env_id():
     assert [t.env_id for t in trajs] == [t.env_id for t in tasks]
     assert all(t.outcome == Outcome.PASSED for t in trajs)
     assert set(made) == {"toolgym/records-v0", "toolgym/shell-ops-v0"} and len(made) <= 4  # pooled per env id
+
+
+def test_set_overrides_reach_list_items_and_refuse_bad_paths(tmp_path):
+    path = _write(tmp_path, _small_config(tmp_path))
+    cfg = load_config(path, {"envs.0.eval_tasks": 7, "rl.learner.autocast": "bf16"})
+    assert cfg.envs[0].eval_tasks == 7 and cfg.rl.learner.autocast == "bf16"
+    with pytest.raises(ConfigError, match=r"envs is a list of 1; use an index below 1"):
+        load_config(path, {"envs.3.eval_tasks": 7})
+    with pytest.raises(ConfigError, match=r"model.chat_template 'nope'"):
+        load_config(path, {"model.chat_template": "nope"})
+
+
+def test_a_micro_batch_that_cannot_fit_is_refused_before_the_kernel_kills_it(tiny_dir):
+    from toolgym.trainers.memory import TrainingMemoryError, auto_token_budget, bytes_per_token, check_fits
+
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    per_token = bytes_per_token(policy.model)
+    assert 0 < per_token < 2**20 and 64 <= auto_token_budget(policy.model, torch.device("cpu")) <= 16384
+    check_fits(policy.model, torch.device("cpu"), 4096, "RL step")  # fits
+    with pytest.raises(TrainingMemoryError, match=r"RL step: .* tokens in one micro-batch need about .* GiB.*"
+                                                  r"rl\.learner\.token_budget"):
+        check_fits(policy.model, torch.device("cpu"), 10**13 // per_token, "RL step")
+
+
+def test_micro_batches_keep_rows_with_a_shared_prefix_together():
+    head = list(range(100, 130))
+    group_a = [head + [1] * 20 + [i] * (5 + i) for i in range(3)]   # share 50 tokens
+    group_b = [head + [2] * 20 + [i] * (5 + i) for i in range(3)]
+    alone = [head + [3 + i] * 30 for i in range(2)]                 # share only the head
+    rows = [group_a[0], group_b[0], alone[0], group_a[1], group_b[1], group_a[2], alone[1], group_b[2]]
+    lengths = [len(r) for r in rows]
+    groups = micro_batches(lengths, 10_000, rows)
+    as_sets = sorted(sorted(g) for g in groups)
+    assert as_sets == sorted([[0, 3, 5], [1, 4, 7], [2, 6]])
+    tight = micro_batches(lengths, 120, rows)  # the budget still rules: at most 2 rows of ~57 tokens
+    assert sorted(i for g in tight for i in g) == list(range(8))
+    assert all(len(g) * max(lengths[i] for i in g) <= 120 or len(g) == 1 for g in tight)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from toolgym.harness.prefix import forward_logits, kept_logits
+from toolgym.harness.prefix import MIN_SHARED, forward_logits, kept_logits
 from toolgym.harness.trajectory import Trajectory
 
 
@@ -57,10 +57,13 @@ def pack(trajectories: list[Trajectory], advantages: list[float] | torch.Tensor,
     return TokenBatch(ids, attention, mask[:, 1:], logp[:, 1:], adv)
 
 
-def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Indices grouped so that (sequences x longest sequence) stays within `token_budget`;
-    similar lengths go together (less padding). A sequence longer than the budget goes alone."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _by_budget(order: list[int], lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Consecutive runs of `order` whose (rows x longest row) stays within `token_budget`."""
     groups: list[list[int]] = []
     current: list[int] = []
     for i in order:
@@ -72,6 +75,33 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     if current:
         groups.append(current)
     return groups
+
+
+def micro_batches(lengths: list[int], token_budget: int, sequences: list[list[int]] | None = None) -> list[list[int]]:
+    """Indices grouped so that (sequences x longest sequence) stays within `token_budget`; a
+    sequence longer than the budget goes alone.
+
+    Without `sequences`, similar lengths go together (less padding). With the rows' tokens,
+    rows that share more than the whole batch's common prefix (a GRPO group: its task prompt and
+    usually its first turns) form their own micro-batches, so the shared-prefix forward
+    (`harness/prefix.py`) computes that part once for the group: measured on SmolLM2 rollouts of
+    `records`, half of the tokens after the system prompt. Rows sharing nothing go together by length."""
+    if sequences is None:
+        return _by_budget(sorted(range(len(lengths)), key=lambda i: lengths[i]), lengths, token_budget)
+    order = sorted(range(len(lengths)), key=lambda i: sequences[i])  # shared prefixes end up adjacent
+    base = min((_common_prefix(sequences[order[0]], sequences[i]) for i in order), default=0)
+    clusters: list[list[int]] = []
+    for i in order:
+        if clusters and _common_prefix(sequences[clusters[-1][0]], sequences[i]) >= base + MIN_SHARED:
+            clusters[-1].append(i)
+        else:
+            clusters.append([i])
+    groups: list[list[int]] = []
+    alone = [c[0] for c in clusters if len(c) == 1]
+    for cluster in clusters:
+        if len(cluster) > 1:
+            groups += _by_budget(sorted(cluster, key=lambda i: lengths[i]), lengths, token_budget)
+    return groups + _by_budget(sorted(alone, key=lambda i: lengths[i]), lengths, token_budget)
 
 
 def select(batch: TokenBatch, index: list[int]) -> TokenBatch:

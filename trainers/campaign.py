@@ -34,8 +34,8 @@ import toolgym
 from toolgym.envs import full_id
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
 from toolgym.harness.eval_run import run_eval
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.trajectory import Trajectory
+from toolgym.harness.hf_policy import HFPolicy, resolve_dtype
+from toolgym.harness.trajectory import Trajectory, write_jsonl
 from toolgym.sandbox import SafetyPolicy, SandboxConfig, SideEffect
 from toolgym.tasks import Task, builtin_suite
 from toolgym.trainers import core_algos as ca
@@ -45,6 +45,7 @@ from toolgym.trainers.config import CampaignConfig, EnvMix
 from toolgym.trainers.distributed import Coordinator, follow, init_training_processes, under_torchrun
 from toolgym.trainers.inference import CopiedWeights, merged_model
 from toolgym.trainers.learner import Learner, apply_lora
+from toolgym.trainers.memory import release_memory
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.ray_backend import ray_runner, start_ray
 from toolgym.trainers.sampler import LearnabilitySampler
@@ -116,11 +117,19 @@ class Campaign:
         with self._rank0_first():  # rank 0 may write the tiny model's directory
             self.policy = build_policy(config)
         self.tokenizer = self.policy.tokenizer
+        if config.model.chat_template:  # on the shared tokenizer: rollouts, demonstrations and exports use it
+            from toolgym.harness.chat import load_template
+
+            self.tokenizer.chat_template = load_template(config.model.chat_template)
         if config.rl.learner.lora is not None:
             self.policy.model = apply_lora(self.policy.model, config.rl.learner.lora)
         # With several processes the training model is wrapped or sharded: rank 0 samples and
-        # evaluates with its own copy (made before sharding), refreshed by `publish`.
-        self._copy = CopiedWeights(self.policy) if self.world > 1 and self.rank == 0 else None
+        # evaluates with its own copy (made before sharding), refreshed by `publish`. A copy also
+        # samples when rollouts use another dtype than training (bf16 sampling, fp32 weights).
+        rollout_dtype = config.model.rollout_dtype
+        needs_copy = self.world > 1 or (rollout_dtype is not None and resolve_dtype(
+            rollout_dtype, str(self.policy.device)) != self.policy.dtype)
+        self._copy = CopiedWeights(self.policy, dtype=rollout_dtype) if needs_copy and self.rank == 0 else None
         self.learner = Learner(self.policy.model, config.rl.learner)
         self.trainer = Coordinator(self.learner)
         self.suites = {mix.suite: builtin_suite(mix.suite) for mix in config.envs}
@@ -130,7 +139,8 @@ class Campaign:
             tasks = self.suites[mix.suite].split("train").tasks
             tasks = tasks[: mix.train_tasks] if mix.train_tasks else tasks
             self.train_tasks[mix.suite] = {t.id: t for t in tasks}
-        self.samplers = {s: LearnabilitySampler(list(tasks), config.sampler) for s, tasks in self.train_tasks.items()}
+        self.samplers = {s: LearnabilitySampler(list(tasks), config.sampler, {i: t.family for i, t in tasks.items()})
+                         for s, tasks in self.train_tasks.items()}
         self.safety = {full_id(mix.env): self._sandbox_config(mix).policy for mix in config.envs}
         self.metrics: MetricsLog | None = None
         self.step = 0
@@ -207,7 +217,10 @@ class Campaign:
         """Send the current weights to the rollout policy as `version` (RL updates applied).
         Several training processes: gathered from them first, and rank 0's copy refreshed."""
         if self.world == 1:
-            self.weights().push(self.policy.model, version)
+            if self._copy is not None:  # the sampling copy (another dtype); also serves evaluation
+                self._copy.push(self.policy.model, version)
+            if self.weights() is not self._copy:
+                self.weights().push(self.policy.model, version)
         else:
             state = self.trainer.run("weights")
             assert self._copy is not None
@@ -244,7 +257,7 @@ class Campaign:
         if resume and ckpt is None:
             self.console.print(f"no checkpoint in {self.run_dir}: starting from the beginning")
         if ckpt is None and (self.run_dir / "metrics.jsonl").exists():  # a fresh start (or nothing to resume)
-            for stale in ("metrics.jsonl", "tensorboard", "checkpoints", "eval"):
+            for stale in ("metrics.jsonl", "tensorboard", "checkpoints", "eval", "rollouts"):
                 path = self.run_dir / stale
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(c.model_dump(mode="json"), sort_keys=False))
@@ -255,6 +268,9 @@ class Campaign:
                 self.console.print(f"resumed from {ckpt.name} (step {self.step})")
                 self.publish(self.step)
             else:
+                if c.eval.base_tasks:
+                    self.publish(self.step)
+                    self.evaluate("base", max_tasks=c.eval.base_tasks)
                 if c.sft.steps:
                     self.sft_stage()
                 self.publish(self.step)
@@ -320,6 +336,7 @@ class Campaign:
                 self.metrics.log(i + 1, m, kind="sft")
                 advance(m["sft_loss"])
         self.trainer.run("restart_optimizer", self.config.rl.learner.lr)
+        release_memory()
 
     # ---- RL -------------------------------------------------------------------------------------
 
@@ -355,6 +372,8 @@ class Campaign:
         """Price, filter and train on one step's rollouts (already graded), then publish the new weights."""
         c = self.config
         trajs, chosen, t_rollout = batch.trajectories, batch.chosen, batch.seconds
+        if c.rollout.save:  # every trained episode, readable with `toolgym show`
+            write_jsonl(trajs, self.run_dir / "rollouts" / f"step-{batch.step:04d}.jsonl")
         tasks = [t for _, t in chosen]
         suite_of = {t.id: s for s, t in chosen}
         rewards = [self.shaped_reward(t) for t in trajs]
@@ -419,15 +438,18 @@ class Campaign:
 
     # ---- evaluation, checkpoints ------------------------------------------------------------------
 
-    def evaluate(self, label: str) -> dict[str, Any]:
-        """Held-out pass@k per environment (harness `evaluate`), written under eval/<label>/."""
+    def evaluate(self, label: str, max_tasks: int = 0) -> dict[str, Any]:
+        """Held-out pass@k per environment (harness `evaluate`), written under eval/<label>/; on
+        each environment's first `eval_tasks` held-out tasks (and at most `max_tasks` if set)."""
         c = self.config
         results = {}
+        release_memory()  # training's peak goes back to the OS before evaluation batches need memory
         for mix in c.envs:
             suite = self.suites[mix.suite]
             out = self.run_dir / "eval" / label / mix.suite
+            tasks = min(t for t in (mix.eval_tasks, max_tasks) if t) if (mix.eval_tasks or max_tasks) else 0
             report, _ = run_eval(f"{self.policy.name}@{label}", suite, "held-out", c.eval.samples, c.eval.ks,
-                                 mix.eval_tasks, c.rollout.concurrency, c.seed, out, self.limits(),
+                                 tasks, c.rollout.concurrency, c.seed, out, self.limits(),
                                  progress=self.progress, agent=self.agent(c.eval.temperature), env_factory=self.make_env)
             results[mix.suite] = {f"pass@{k}": report.overall.pass_at[str(k)].value for k in c.eval.ks}
             results[mix.suite]["infra_error_rate"] = report.overall.outcome_rates.get("infra_error", 0.0)

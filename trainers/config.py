@@ -27,10 +27,25 @@ class TinyModel(_Strict):
 class ModelSettings(_Strict):
     """Which model to train and where."""
 
-    init: str = Field(default="tiny", description="tiny | a model directory | a hub id")
+    init: str = Field(default="tiny", description="tiny (built here, sized by `tiny`) | a built-in pretrained "
+                      "model (smollm2-135m) | a model directory | a hub id")
     tiny: TinyModel = Field(default_factory=TinyModel)
     device: str | None = Field(default=None, description="cpu | cuda | cuda:N (default: cuda if present)")
     dtype: str = Field(default="auto", description="bf16 | fp16 | fp32 | auto (bf16 on CUDA, fp32 on CPU)")
+    rollout_dtype: str | None = Field(default=None, description="sample from a copy of the weights in this dtype "
+                                      "(e.g. bf16 with fp32 training on a CPU), refreshed after every update; "
+                                      "None = the training model samples itself")
+    chat_template: str | None = Field(default=None, description="a built-in chat template (qwen2.5, "
+                                      "qwen2.5-compact, qwen3, llama3) instead of the tokenizer's own; the "
+                                      "exported models keep it")
+
+    @model_validator(mode="after")
+    def _known_template(self) -> "ModelSettings":
+        from toolgym.harness.chat import TEMPLATES
+
+        if self.chat_template is not None and self.chat_template not in TEMPLATES:
+            raise ValueError(f"model.chat_template {self.chat_template!r}: use one of {', '.join(TEMPLATES)}")
+        return self
 
 
 class EnvMix(_Strict):
@@ -93,12 +108,15 @@ class RolloutSettings(_Strict):
                              "weights: disk (update_weights_from_disk) or distributed (a torch.distributed group)")
     max_staleness: int = Field(default=0, ge=0, description="0 = synchronous; k >= 1: the next batches are "
                                "played while the learner updates, and groups more than k versions old are dropped")
+    save: bool = Field(default=True, description="write each RL step's trajectories to OUT/rollouts/step-N.jsonl")
 
 
 class EvalSettings(_Strict):
     """Held-out evaluation through the harness's `evaluate` (pass@k with bootstrap CIs)."""
 
     every: int = Field(default=0, ge=0, description="evaluate every N RL steps (0 = before and after only)")
+    base_tasks: int = Field(default=0, ge=0, description="also evaluate the starting model, before SFT, on the "
+                            "first N held-out tasks of each environment (0 = no base evaluation)")
     temperature: float = Field(default=1.0, ge=0, description="the same for the SFT and the final checkpoint")
     samples: int = Field(default=1, ge=1)
     ks: list[int] = Field(default_factory=lambda: [1])
@@ -146,6 +164,28 @@ class ConfigError(ValueError):
     """A campaign config that cannot be used; the message names the field and the fix."""
 
 
+def _override(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `key` (dotted; a number picks a list item: `envs.0.eval_tasks`) to `value` in `data`."""
+    node: Any = data
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a list of {len(node)}; "
+                                  f"use an index below {len(node)}")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"--set {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> CampaignConfig:
     """Read and validate a campaign YAML file (`overrides` are merged in, e.g. from the CLI)."""
     path = Path(path)
@@ -158,11 +198,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ca
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings at the top level")
     for key, value in (overrides or {}).items():
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
+        _override(data, key, value)
     try:
         return CampaignConfig.model_validate(data)
     except ValidationError as err:

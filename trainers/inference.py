@@ -6,7 +6,8 @@ update; version = RL steps applied, 0 = the starting weights) and `close()`:
 - `SharedWeights`: the in-process `HFPolicy` that shares the training model (synchronous local
   training: nothing to copy, the version is bumped).
 - `CopiedWeights`: a second in-process `HFPolicy` with its own copy of the weights, so rollouts
-  can run while the learner updates the original (asynchronous local training).
+  can run while the learner updates the original (asynchronous local training), or sample in
+  another dtype than training (bf16 sampling from fp32 weights on a CPU).
 - `ActorWeights`: a Ray `PolicyActor` serving every environment worker (weights through the
   object store).
 - `ServerWeights`: sglang servers (or anything speaking its protocol) behind an `SGLangPolicy`;
@@ -59,11 +60,11 @@ class SharedWeights:
 class CopiedWeights:
     """A separate in-process copy of the policy for rollouts (see the module docstring)."""
 
-    def __init__(self, training: HFPolicy) -> None:
+    def __init__(self, training: HFPolicy, dtype: str | torch.dtype | None = None) -> None:
         model = training.model  # LoRA: merged into a copy; otherwise a plain copy
         model = merged_model(model) if hasattr(model, "merge_and_unload") else copy.deepcopy(model)
-        self.policy = HFPolicy(model, tokenizer=training.tokenizer, device=str(training.device), dtype=training.dtype,
-                               name=training.name)
+        self.policy = HFPolicy(model, tokenizer=training.tokenizer, device=str(training.device),
+                               dtype=dtype or training.dtype, name=training.name)
 
     def push(self, model: torch.nn.Module, version: int, state: dict[str, torch.Tensor] | None = None) -> None:
         """Copy the new weights (`state`, else the model's) in once the running generation batch

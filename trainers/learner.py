@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolgym.trainers import core_algos as ca
 from toolgym.trainers.batching import TokenBatch, micro_batches, select, sequence_logprobs
+from toolgym.trainers.memory import auto_token_budget, check_fits, release_memory
 
 
 class LoraSettings(BaseModel):
@@ -45,7 +46,8 @@ class LearnerConfig(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(default=1.0, gt=0)
-    token_budget: int = Field(default=16384, ge=64, description="padded tokens per micro-batch")
+    token_budget: int | Literal["auto"] = Field(default="auto", description="padded tokens per micro-batch; "
+                                                "auto = sized from the model and the free memory")
     loss: str = Field(default="ppo", description="ppo | gspo | cispo")
     agg: str = Field(default="token-mean", description="token-mean | seq-mean-token-mean | seq-mean-token-sum-norm")
     agg_norm: float | None = Field(default=None, description="Dr.GRPO's constant length for seq-mean-token-sum-norm")
@@ -59,6 +61,8 @@ class LearnerConfig(BaseModel):
                           "ddp (every rank holds the whole model) or fsdp2 (parameters, gradients and optimizer "
                           "state sharded over the ranks)")
     lora: LoraSettings | None = None
+    autocast: str | None = Field(default=None, pattern="^bf16$", description="bf16: forward and backward in "
+                                 "bfloat16 autocast (the weights and the optimizer stay fp32); None = the model's dtype")
 
 
 def apply_lora(model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
@@ -111,11 +115,34 @@ class Learner:
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas,
                                            weight_decay=self.config.weight_decay)
+        self.last_micro_batches, self.last_token_budget = 0, 0
 
     # ---- shared -----------------------------------------------------------------------------
 
+    def _micro_batches(self, batch: TokenBatch, what: str) -> list[list[int] | None]:
+        """Rows grouped into micro-batches within the token budget (`auto`: sized from the model
+        and the free memory), rows that share a prefix together; refuses, with a message, a
+        micro-batch that would not fit."""
+        budget = self.config.token_budget
+        if budget == "auto":
+            budget = auto_token_budget(self.model, self.device)
+        lengths = batch.attention.sum(1).tolist()
+        sequences = [row[:n] for row, n in zip(batch.input_ids.tolist(), lengths)]
+        groups = micro_batches(lengths, budget, sequences if self.world == 1 else None)
+        check_fits(self.model, self.device, max(len(g) * max(lengths[i] for i in g) for g in groups), what)
+        self.last_micro_batches, self.last_token_budget = len(groups), budget  # for the step's metrics
+        return self._even(groups)
+
+    def _precision(self):
+        """The autocast context of forward passes (`autocast: bf16`), or none."""
+        from contextlib import nullcontext
+
+        if self.config.autocast is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
     def _ref_logp(self, mb: TokenBatch) -> torch.Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), self._precision():
             if self.ref_model is not None:
                 return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention, mask=mb.mask)[0]
             with self.model.disable_adapter():  # peft: the base model is the reference
@@ -209,8 +236,9 @@ class Learner:
     def _logprobs(self, mb: TokenBatch, with_entropy: bool = False):
         # Only policy tokens are computed (the rest has no loss). DDP expects one forward per
         # backward: the shared-prefix path (two forwards) is for one process.
-        return sequence_logprobs(self.forward_model, mb.input_ids, mb.attention, with_entropy=with_entropy,
-                                 share_prefix=self.world == 1, mask=mb.mask)
+        with self._precision():
+            return sequence_logprobs(self.forward_model, mb.input_ids, mb.attention, with_entropy=with_entropy,
+                                     share_prefix=self.world == 1, mask=mb.mask)
 
     def _reduce_stats(self, sums: dict[str, float], weights: dict[str, float]) -> None:
         if self.world == 1:
@@ -245,7 +273,7 @@ class Learner:
         old: dict[int, torch.Tensor] = {}
         if c.updates_per_batch > 1:  # later mini-batches need the logprobs from before any update
             with torch.no_grad():
-                for group in self._even(micro_batches(lengths, c.token_budget)):
+                for group in self._micro_batches(batch, "RL step"):
                     logp, _ = self._logprobs(select(batch, group if group is not None else [0]))
                     for row, i in enumerate(group or []):
                         old[i] = logp[row]
@@ -257,7 +285,7 @@ class Learner:
             sub = select(batch, chunk)
             total_tokens, total_seqs, nonempty = self._totals(float(sub.mask.sum()), float(sub.mask.shape[0]),
                                                               float((sub.mask.sum(1) > 0).sum()))
-            groups = self._even(micro_batches([lengths[i] for i in chunk], c.token_budget))
+            groups = self._micro_batches(sub, "RL step")
             for n_group, group in enumerate(groups):
                 if group is None:
                     self._idle_pass(sub, last=n_group == len(groups) - 1)
@@ -295,9 +323,11 @@ class Learner:
             norms.append(self._step())
         self._reduce_stats(sums, weights_seen)
         out = {k: (v / weights_seen[k] if k in weights_seen and weights_seen[k] > 0 else v) for k, v in sums.items()}
+        release_memory()
         elapsed = time.perf_counter() - start
         out.update(logprob_gap_max=gap_max, grad_norm=max(norms), train_tokens=batch.tokens,
-                   train_seconds=elapsed, train_tokens_per_s=batch.tokens / max(elapsed, 1e-9))
+                   train_seconds=elapsed, train_tokens_per_s=batch.tokens / max(elapsed, 1e-9),
+                   micro_batches=self.last_micro_batches, token_budget=self.last_token_budget)
         return out
 
     # ---- SFT ----------------------------------------------------------------------------------
@@ -306,10 +336,9 @@ class Learner:
         """One masked-NLL step on the policy tokens of `batch` (token-mean over the batch)."""
         start = time.perf_counter()
         batch = batch.to(self.device)
-        lengths = batch.attention.sum(1).tolist()
         (total,) = self._totals(float(batch.mask.sum()))
         nll_sum, correct = 0.0, 0.0
-        groups = self._even(micro_batches(lengths, self.config.token_budget))
+        groups = self._micro_batches(batch, "SFT step")
         for n_group, group in enumerate(groups):
             if group is None:
                 self._idle_pass(batch, last=n_group == len(groups) - 1)

@@ -103,8 +103,110 @@ def plot_curves(records: list[dict[str, Any]], out: Path) -> list[Path]:
     return paths
 
 
+def _eval_trajectories(run_dir: Path, label: str, suite: str) -> list:
+    from toolgym.harness.trajectory import read_jsonl
+
+    path = run_dir / "eval" / label / suite / "trajectories.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+def _pass1(report: dict[str, Any] | None, family: str | None = None) -> dict[str, Any] | None:
+    if not report:
+        return None
+    group = report.get("overall") if family is None else report.get("by_family", {}).get(family)
+    return (group or {}).get("pass_at", {}).get("1")
+
+
+def _points(est: Any) -> str:
+    if est is None or est.tasks == 0:
+        return "n/a"
+    return f"{est.value * 100:+.1f} [{est.low * 100:+.1f}, {est.high * 100:+.1f}]"
+
+
+def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], before: str, after: str,
+                    headline: dict[str, Any]) -> list[str]:
+    """The held-out table: base, `before` (SFT) and `after` (final) pass@1 per suite and family, with
+    the paired difference after - before (same tasks, same samples) and its bootstrap CI."""
+    from toolgym.harness.evaluate import paired_difference
+
+    base = "base" if "base" in evals and before != "base" else None
+    cols = ([base] if base else []) + [before, after]
+    lines = [f"## Held-out pass@1: {' -> '.join(f'`{c}`' for c in cols)}", "",
+             "95% bootstrap CIs over tasks; the same sampling settings at every evaluation. The change "
+             f"`{after}` - `{before}` is paired (the same tasks and sampling seeds in both), in points.", "",
+             "| suite | slice | episodes | " + " | ".join(cols) + f" | {after} - {before} (paired) |",
+             "|---|---|---|" + "---|" * (len(cols) + 1)]
+    for suite in sorted(set(evals[before]) | set(evals.get(after, {}))):
+        trajs = {c: _eval_trajectories(run_dir, c, suite) for c in (before, after)}
+        fams = sorted(set(evals[before].get(suite, {}).get("by_family", {})) |
+                      set(evals.get(after, {}).get(suite, {}).get("by_family", {})))
+        for fam in [None, *fams]:
+            pick = {c: [t for t in trajs[c] if fam is None or t.family == fam] for c in trajs}
+            diff = paired_difference(pick[before], pick[after], seed=0) if pick[before] and pick[after] else None
+            ests = [_pass1(evals.get(c, {}).get(suite), fam) for c in cols]
+            episodes = len(pick[after]) or (evals.get(after, {}).get(suite, {}).get("overall") or {}).get("episodes", 0)
+            lines.append(f"| {suite} | {fam or 'all'} | {episodes} | " + " | ".join(_fmt(e) for e in ests)
+                         + f" | {_points(diff)} |")
+            if fam is None:
+                values = {c: (e or {}).get("value") for c, e in zip(cols, ests)}
+                headline["suites"][suite] = {
+                    "base": values.get(base) if base else None, "before": values[before], "after": values[after],
+                    "gain_points": None if diff is None or diff.tasks == 0 else diff.value * 100,
+                    "gain_ci_points": None if diff is None or diff.tasks == 0 else [diff.low * 100, diff.high * 100],
+                    "episodes": episodes, "labels": cols}
+    return lines + [""]
+
+
+def handoff_section(train: list[dict[str, Any]], evals: dict[str, dict[str, dict[str, Any]]], before: str) -> list[str]:
+    """Did SFT leave headroom for RL? Well-formed rollouts (few format errors) and rewards with
+    variance (groups that are neither all-pass nor all-fail) at the first RL steps."""
+    lines = ["## From SFT to RL", ""]
+    for suite, report in sorted(evals.get(before, {}).items()):
+        rates = (report.get("overall") or {}).get("outcome_rates", {})
+        lines.append(f"- `{suite}` after `{before}`: held-out pass@1 {_fmt(_pass1(report))}, format errors "
+                     f"{rates.get('format_error', 0):.1%}, timeouts {rates.get('timeout', 0):.1%}.")
+    first = train[: max(1, min(3, len(train)))]
+    if first:
+        signal = [1 - r.get("groups_zero_variance_frac", 1.0) for r in first if "groups_zero_variance_frac" in r]
+        passes = [r.get("pass_rate", 0.0) for r in first]
+        lines.append(f"- First {len(first)} RL step(s): train pass rate {', '.join(f'{p:.2f}' for p in passes)}; "
+                     f"groups with reward variance (a gradient) {', '.join(f'{x:.0%}' for x in signal) or 'n/a'}. "
+                     "Headroom for RL means a pass rate well below 1 and groups with variance.")
+    return lines + [""]
+
+
+def curve_table(train: list[dict[str, Any]]) -> list[str]:
+    """The train reward curve as a table: one row per RL step."""
+    lines = ["## Train reward per RL step", "", "| step | reward mean | pass rate | groups with variance | "
+             "rollout s | train s |", "|---|---|---|---|---|---|"]
+    for r in train:
+        signal = 1 - r["groups_zero_variance_frac"] if "groups_zero_variance_frac" in r else float("nan")
+        lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('pass_rate', 0):.3f} | {signal:.0%} | "
+                     f"{r.get('time_rollout_s', 0):.0f} | {r.get('time_train_s', 0):.0f} |")
+    return lines + [""]
+
+
+def headline_lines(headline: dict[str, Any]) -> list[str]:
+    """One line per suite: `SUITE held-out pass@1: base x -> SFT y -> final z (...)`."""
+    names = {"base": "base", "sft": "SFT", "initial": "initial", "final": "final"}
+    out = []
+    for suite, n in headline.get("suites", {}).items():
+        if n.get("after") is None or n.get("before") is None:
+            continue
+        chain = " -> ".join(f"{names.get(lbl, lbl)} {v:.3f}" for lbl, v in zip(
+            n["labels"], [n.get("base"), n["before"], n["after"]][-len(n["labels"]):]) if v is not None)
+        detail = ""
+        if n.get("gain_points") is not None:
+            lo, hi = n["gain_ci_points"]
+            detail = (f" ({names.get(n['labels'][-1], n['labels'][-1])} - {names.get(n['labels'][-2], n['labels'][-2])} "
+                      f"{n['gain_points']:+.1f} points, 95% CI [{lo:+.1f}, {hi:+.1f}], paired; {n['episodes']} episodes)")
+        out.append(f"{suite} held-out pass@1: {chain}{detail}")
+    return out
+
+
 def write_report(run_dir: str | Path) -> dict[str, Any]:
-    """Write `report.md` and `plots/` for a run; returns the headline numbers."""
+    """Write `report.md` and `plots/` for a run; returns the headline numbers (and `lines`, the
+    headline as one line per suite)."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     if not records:
@@ -118,24 +220,10 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     lines = [f"# Training run `{run_dir.name}`", ""]
     headline: dict[str, Any] = {"steps": max((r["step"] for r in train), default=0), "suites": {}}
     if before and after:
-        lines += [f"## Held-out: `{before}` checkpoint vs `{after}`", "",
-                  "pass@1 with 95% bootstrap CIs over tasks; same sampling settings for both.", "",
-                  "| suite | slice | before | after | change |", "|---|---|---|---|---|"]
-        for suite in sorted(set(evals[before]) | set(evals.get(after, {}))):
-            b, a = evals[before].get(suite), evals.get(after, {}).get(suite)
-            slices = [("all", (b or {}).get("overall"), (a or {}).get("overall"))]
-            for fam in sorted(set((b or {}).get("by_family", {})) | set((a or {}).get("by_family", {}))):
-                slices.append((fam, (b or {}).get("by_family", {}).get(fam), (a or {}).get("by_family", {}).get(fam)))
-            for name, gb, ga in slices:
-                eb = (gb or {}).get("pass_at", {}).get("1")
-                ea = (ga or {}).get("pass_at", {}).get("1")
-                delta = (ea["value"] - eb["value"]) if eb and ea and eb.get("tasks") and ea.get("tasks") else None
-                lines.append(f"| {suite} | {name} | {_fmt(eb)} | {_fmt(ea)} | "
-                             f"{'n/a' if delta is None else f'{delta * 100:+.1f} points'} |")
-                if name == "all":
-                    headline["suites"][suite] = {"before": eb and eb["value"], "after": ea and ea["value"],
-                                                 "gain_points": None if delta is None else delta * 100}
-        lines.append("")
+        lines += heldout_section(run_dir, evals, before, after, headline)
+        headline["lines"] = headline_lines(headline)
+        lines[2:2] = [f"**{line}**" for line in headline["lines"]] + [""]
+        lines += handoff_section(train, evals, before)
     if train:
         last = train[-1]
         lines += ["## Training", "", f"{len(train)} RL steps. Last step: reward {last.get('reward_mean', 0):.3f}, "
@@ -144,6 +232,7 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
         total = {k: sum(r.get(k, 0.0) for r in train) for k in ("time_rollout_s", "time_verify_s", "time_train_s")}
         lines += [f"Time: rollout {total['time_rollout_s']:.0f} s (verification inside it: "
                   f"{total['time_verify_s']:.0f} s of verifier time), training {total['time_train_s']:.0f} s.", ""]
+        lines += curve_table(train)
         samplers = {k: v for k, v in last.items() if k.startswith("sampler/")}
         if samplers:
             lines += ["## Sampler (after the last step)", "", "| suite | active | solved (retired) | unsolvable (retired) "
@@ -169,4 +258,5 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     return headline
 
 
-__all__ = ["ReportError", "plot_curves", "write_report"]
+__all__ = ["ReportError", "curve_table", "handoff_section", "headline_lines", "heldout_section", "plot_curves",
+           "write_report"]

@@ -8,6 +8,13 @@ and draws tasks in proportion to the posterior expectation E[p(1-p)] = ab / ((a+
 confidently solved or confidently unsolvable are retired from the draw, reported, and re-tested
 now and then (the policy moves). Difficulty labels are never used. `uniform` is the ablation.
 
+Tasks of one group (a family) share evidence: in a suite of a thousand tasks a short campaign
+rarely draws a task twice, so a per-task posterior alone would leave every unseen task at the
+prior and the draw uniform. Each task's posterior therefore adds its group's pooled pass rate,
+worth at most `pool_strength` attempts (an empirical-Bayes prior): after one step, the unseen
+tasks of a family that always passes, or never does, are drawn less than those of a family near
+one half, before any of them is rolled out.
+
 The state is plain JSON (`state_dict`), saved in every checkpoint.
 """
 
@@ -70,18 +77,40 @@ class SamplerConfig(BaseModel):
     unsolvable_below: float = Field(default=0.05, ge=0.0, lt=0.5)
     min_attempts: int = Field(default=8, ge=1, description="attempts before a task may be retired")
     retest_every: int = Field(default=10, ge=1, description="every N draws one retired task is tried again")
+    pool_strength: float = Field(default=16.0, ge=0.0, description="a task's posterior includes its group's "
+                                 "(family's) pooled pass rate, worth at most this many attempts; 0 = no pooling")
 
 
 class LearnabilitySampler:
     """Draws tasks by expected reward variance (or uniformly); see the module docstring."""
 
-    def __init__(self, task_ids: list[str], config: SamplerConfig | None = None) -> None:
+    def __init__(self, task_ids: list[str], config: SamplerConfig | None = None,
+                 groups: dict[str, str] | None = None) -> None:
         if not task_ids:
             raise ValueError("the sampler needs at least one task")
         self.config = config or SamplerConfig()
         a, b = self.config.prior
         self.stats: dict[str, TaskStats] = {t: TaskStats(alpha=a, beta=b) for t in dict.fromkeys(task_ids)}
+        #: task id -> its group (family) for pooling; tasks not listed stand alone
+        self.groups: dict[str, str] = dict(groups or {})
+        #: group -> [passes, fails], decayed like the tasks' evidence
+        self.pooled: dict[str, list[float]] = {}
         self.draws = 0
+
+    def posterior(self, task_id: str) -> tuple[float, float]:
+        """The Beta (alpha, beta) a draw uses: the task's own, plus its group's pooled evidence
+        scaled to at most `pool_strength` attempts."""
+        s = self.stats[task_id]
+        pool = self.pooled.get(self.groups.get(task_id, ""))
+        if not pool or self.config.pool_strength == 0 or sum(pool) == 0:
+            return s.alpha, s.beta
+        scale = min(1.0, self.config.pool_strength / sum(pool))
+        return s.alpha + scale * pool[0], s.beta + scale * pool[1]
+
+    def learnability(self, task_id: str) -> float:
+        """E[p(1-p)] under the task's (pooled) posterior."""
+        a, b = self.posterior(task_id)
+        return a * b / ((a + b) * (a + b + 1))
 
     # ---- drawing -------------------------------------------------------------------------------
 
@@ -89,7 +118,7 @@ class LearnabilitySampler:
         """Draw weights of `ids` (uniform, or max(E[p(1-p)], floor))."""
         if self.config.kind == "uniform":
             return np.ones(len(ids))
-        return np.array([max(self.stats[t].learnability, self.config.floor) for t in ids])
+        return np.array([max(self.learnability(t), self.config.floor) for t in ids])
 
     def draw(self, n: int, rng: np.random.Generator) -> list[str]:
         """`n` distinct task ids (fewer only if fewer tasks exist), before any rollout."""
@@ -123,6 +152,11 @@ class LearnabilitySampler:
         s.beta = b0 + d * (s.beta - b0) + sum(1.0 - r for r in rewards)
         s.attempts += len(rewards)
         s.passes += sum(rewards)
+        group = self.groups.get(task_id)
+        if group is not None:
+            pool = self.pooled.setdefault(group, [0.0, 0.0])
+            pool[0] = d * pool[0] + sum(rewards)
+            pool[1] = d * pool[1] + sum(1.0 - r for r in rewards)
         c = self.config
         if s.attempts < c.min_attempts:
             return
@@ -140,25 +174,28 @@ class LearnabilitySampler:
     def summary(self) -> dict[str, Any]:
         """Counts of active / solved / unsolvable / unseen tasks and the mean learnability."""
         values = list(self.stats.values())
-        active = [s for s in values if s.retired is None]
+        active = [t for t, s in self.stats.items() if s.retired is None]
         return {"tasks": len(values), "active": len(active),
                 "retired_solved": sum(s.retired == "solved" for s in values),
                 "retired_unsolvable": sum(s.retired == "unsolvable" for s in values),
                 "unseen": sum(s.attempts == 0 for s in values),
-                "mean_learnability": float(np.mean([s.learnability for s in active])) if active else 0.0,
+                "mean_learnability": float(np.mean([self.learnability(t) for t in active])) if active else 0.0,
                 "mean_pass_rate": float(np.mean([s.mean for s in values if s.attempts])) if any(
-                    s.attempts for s in values) else math.nan}
+                    s.attempts for s in values) else math.nan,
+                "group_pass_rate": {g: p[0] / sum(p) for g, p in sorted(self.pooled.items()) if sum(p) > 0}}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly (JSON-able)."""
         return {"config": self.config.model_dump(mode="json"), "draws": self.draws,
-                "stats": {t: s.model_dump() for t, s in self.stats.items()}}
+                "stats": {t: s.model_dump() for t, s in self.stats.items()},
+                "groups": self.groups, "pooled": self.pooled}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "LearnabilitySampler":
         """The sampler `state_dict` saved."""
-        sampler = cls(list(state["stats"]), SamplerConfig.model_validate(state["config"]))
+        sampler = cls(list(state["stats"]), SamplerConfig.model_validate(state["config"]), state.get("groups"))
         sampler.stats = {t: TaskStats.model_validate(s) for t, s in state["stats"].items()}
+        sampler.pooled = {g: list(p) for g, p in state.get("pooled", {}).items()}
         sampler.draws = int(state["draws"])
         return sampler
 
