@@ -101,6 +101,14 @@ def test_timeout_kills_the_whole_tree(sandbox):
     assert _processes_marked(token) == []
 
 
+def test_the_wrappers_own_messages_never_reach_the_command_output(sandbox):
+    """Processes that exit while the exec wrapper scans for leftovers (here 150 short sleeps) made
+    dash print "cannot open /proc/N/stat" into the command's stderr, which the agent sees."""
+    for _ in range(3):
+        r = sandbox.exec("for i in $(seq 150); do (sleep 0.0$((i % 10)) &); done; echo done")
+        assert r.stdout == "done\n" and r.stderr == "", r.stderr[-300:]
+
+
 def test_output_is_capped(sandbox):
     r = sandbox.exec("yes | head -c 200000")
     assert r.truncated and len(r.stdout) == sandbox.config.limits.output_bytes

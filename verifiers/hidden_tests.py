@@ -145,8 +145,14 @@ class HiddenTestVerifier:
             return {"error": f"grading sandbox failed: {err}", "tamper": tamper}
         finally:
             box.close()
-        return {"records": parse_probe_records(res.stdout), "timed_out": res.timed_out, "exit_code": res.exit_code,
-                "stderr": res.stderr[-300:], "dropped": dropped, "tamper": tamper}
+        # Only the task's own probes count: a record under any other id (extra lines on the
+        # channel) is ignored, and reported, never mistaken for a missing or a passing probe.
+        ids = {p.id for p in hidden.probes}
+        records = parse_probe_records(res.stdout)
+        unknown = sorted(set(records) - ids)
+        return {"records": {k: v for k, v in records.items() if k in ids}, "unknown": unknown,
+                "timed_out": res.timed_out, "exit_code": res.exit_code, "stderr": res.stderr[-300:],
+                "dropped": dropped, "tamper": tamper}
 
     # ---- stage 2: the judge, where no agent code ever ran ---------------------------------------
 
@@ -196,7 +202,10 @@ class HiddenTestVerifier:
         missing = len(hidden.probes) - len(records)
         reason = f"{passed}/{len(tests)} hidden tests passed"
         if missing:
-            reason += f"; {missing} probes gave no result (exit code {probes['exit_code']}: {probes['stderr'][-150:]!r})"
+            reason += (f"; {missing} of {len(hidden.probes)} probes gave no result (exit code {probes['exit_code']}: "
+                       f"{probes['stderr'][-150:]!r})")
+        if probes["unknown"]:
+            reason += f"; ignored {len(probes['unknown'])} records for unknown probe ids"
         if probes["dropped"]:
             reason += f"; dropped edits to {probes['dropped']}"
         return self._verdict(reward, ok, Outcome.PASSED if ok else Outcome.FAILED, tests, reason, start, tamper)

@@ -27,11 +27,14 @@ for p in /proc/[0-9]*; do
   pid=${p#/proc/}
   [ "$pid" = 1 ] && continue
   [ "$pid" = "$me" ] && continue
-  read -r st < "$p/stat" 2>/dev/null || continue
+  # A process may exit between the glob and the read: the brace group keeps the shell's own
+  # "cannot open" message (a redirection error, raised before an inner 2>/dev/null applies) out
+  # of the command's stderr, which the agent sees.
+  { read -r st < "$p/stat"; } 2>/dev/null || continue
   st=${st##*) }
   [ "${st%% *}" = Z ] && continue   # zombies are already dead
-  cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
-  [ -n "$cmd" ] || read -r cmd < "$p/comm" 2>/dev/null   # mid-exec: no cmdline yet
+  cmd=$( { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null)
+  [ -n "$cmd" ] || { read -r cmd < "$p/comm"; } 2>/dev/null   # mid-exec: no cmdline yet
   n=$((n + 1))
   [ "$n" -le 20 ] && echo "leftover $pid $cmd" >> "$TOOLGYM_LOG_DIR/events"
 done
