@@ -6,13 +6,14 @@ tasks per step, G, learning rate and seeds; only `sampler.kind` differs. Measure
 
 - a fixed probe of train tasks (the first `--probe` of the train split, greedy, the same for
   every arm) every `--probe-every` steps, as a function of rollouts spent: rollouts needed to
-  reach `--target` (linear interpolation between probes; "not reached" counts as the budget);
+  reach each of `--targets` (linear interpolation between probes; "not reached" counts as the
+  whole budget, so a ratio with unreached targets is a lower bound);
 - held-out pass@1 (greedy) at the end, on the first `--heldout` held-out tasks;
 - the share of rollouts that carried a gradient (their group had reward variance).
 
 The train pass rate of the sampled tasks is not compared: each sampler chooses what it measures.
 
-    python bench/learnability.py [--seeds 0,1,2] [--steps 8] [--target 0.7] [--out runs/bench/learnability.json]
+    python bench/learnability.py [--seeds 0,1] [--steps 6] [--targets 0.5,0.6] [--out runs/bench/learnability.json]
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def arm(kind: str, seed: int, init: Path, args: argparse.Namespace, out_dir: Pat
     finally:
         campaign.close()
     return {"kind": kind, "seed": seed, "curve": curve, "heldout": heldout,
-            "rollouts_to_target": rollouts_to(curve, args.target), "rollouts": args.steps * per_step,
+            "rollouts_to_target": {str(t): rollouts_to(curve, t) for t in args.targets},
+            "rollouts": args.steps * per_step,
             "gradient_share": carried / (args.steps * per_step)}
 
 
@@ -93,15 +95,16 @@ def rollouts_to(curve: list[tuple[int, float]], target: float) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--probe", type=int, default=48, help="train tasks in the fixed probe")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--probe", type=int, default=40, help="train tasks in the fixed probe")
     parser.add_argument("--probe-every", type=int, default=2)
-    parser.add_argument("--heldout", type=int, default=100)
-    parser.add_argument("--target", type=float, default=0.7, help="probe pass rate to reach")
+    parser.add_argument("--heldout", type=int, default=60)
+    parser.add_argument("--targets", default="0.5,0.6", help="probe pass rates to reach (comma-separated)")
     parser.add_argument("--init", default=None, help="an SFT model directory (default: made here once)")
     parser.add_argument("--out", default="runs/bench/learnability.json")
     args = parser.parse_args()
+    args.targets = [float(t) for t in args.targets.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         init = Path(args.init) if args.init else sft_checkpoint(Path(tmp) / "sft")
@@ -110,22 +113,28 @@ def main() -> None:
                 res = arm(kind, seed, init, args, Path(tmp) / f"{kind}-{seed}")
                 results.append(res)
                 print(json.dumps(res), flush=True)
-    budget = args.steps * 8 * 6
+    budget = results[0]["rollouts"]
     print(f"\n{len(results) // 2} seeds x {args.steps} GRPO steps ({budget} rollouts per arm); probe: first {args.probe} "
-          f"train tasks, greedy; target {args.target:.2f}")
+          f"train tasks, greedy")
     summary = {}
     for kind in ("learnability", "uniform"):
         mine = [r for r in results if r["kind"] == kind]
-        reach = [r["rollouts_to_target"] if r["rollouts_to_target"] is not None else float(r["rollouts"]) for r in mine]
-        summary[kind] = {"rollouts_to_target": statistics.mean(reach), "reached": sum(
-            r["rollouts_to_target"] is not None for r in mine), "heldout": statistics.mean(r["heldout"] for r in mine),
+        reach = {str(t): [r["rollouts_to_target"][str(t)] for r in mine] for t in args.targets}
+        summary[kind] = {
+            "rollouts_to_target": {t: statistics.mean(x if x is not None else float(budget) for x in xs)
+                                   for t, xs in reach.items()},
+            "reached": {t: sum(x is not None for x in xs) for t, xs in reach.items()},
+            "heldout": statistics.mean(r["heldout"] for r in mine),
             "gradient_share": statistics.mean(r["gradient_share"] for r in mine)}
         s = summary[kind]
-        print(f"  {kind:<13} rollouts to target {s['rollouts_to_target']:6.0f} (reached {s['reached']}/{len(mine)})  "
-              f"held-out pass@1 {s['heldout']:.3f}  rollouts with a gradient {s['gradient_share']:.0%}  "
-              f"per seed: {[round(r['heldout'], 3) for r in mine]}")
-    ratio = summary["uniform"]["rollouts_to_target"] / max(summary["learnability"]["rollouts_to_target"], 1e-9)
-    print(f"  uniform needs {ratio:.2f}x the rollouts of learnability to reach the target")
+        targets = "  ".join(f"to {t}: {s['rollouts_to_target'][t]:4.0f} ({s['reached'][t]}/{len(mine)} reached)"
+                            for t in s["rollouts_to_target"])
+        print(f"  {kind:<13} rollouts {targets}  held-out pass@1 {s['heldout']:.3f} "
+              f"{[round(r['heldout'], 3) for r in mine]}  rollouts with a gradient {s['gradient_share']:.0%}")
+    ratio = {t: summary["uniform"]["rollouts_to_target"][t] / max(summary["learnability"]["rollouts_to_target"][t], 1e-9)
+             for t in summary["uniform"]["rollouts_to_target"]}
+    for t, r in ratio.items():
+        print(f"  target {t}: uniform needs {r:.2f}x the rollouts of learnability")
     write_results(args.out, {"args": vars(args), "runs": results, "summary": summary, "ratio": ratio})
 
 

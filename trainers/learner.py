@@ -305,7 +305,7 @@ class Learner:
                 if c.kl_beta > 0:
                     kl = ca.aggregate(ca.kl_k3(logp, self._ref_logp(mb)), mb.mask, c.agg, c.agg_norm)
                     loss = loss + c.kl_beta * kl
-                    stats["kl"] = float(kl)
+                    stats["kl"] = float(kl.detach())
                 w = _micro_weight(c.agg, mb.mask, total_tokens, total_seqs, nonempty)
                 self._backward(loss * w, last=n_group == len(groups) - 1)
                 gap = ca.logprob_gap(logp, mb.rollout_logp, mb.mask)
