@@ -183,10 +183,11 @@ class Campaign:
         return TokenAgent(policy or default, self.tokenizer,
                           SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p))
 
-    def limits(self) -> RolloutLimits:
-        """Per-episode limits of the campaign."""
+    def limits(self, evaluation: bool = False) -> RolloutLimits:
+        """Per-episode limits of the campaign (of its evaluations with `evaluation`)."""
         r = self.config.rollout
-        return RolloutLimits(max_turns=r.max_turns, max_new_tokens_per_turn=r.max_new_tokens,
+        turns = (self.config.eval.max_turns if evaluation else None) or r.max_turns
+        return RolloutLimits(max_turns=turns, max_new_tokens_per_turn=r.max_new_tokens,
                              max_total_tokens=r.max_total_tokens)
 
     def weights(self) -> Any:
@@ -449,7 +450,7 @@ class Campaign:
             out = self.run_dir / "eval" / label / mix.suite
             tasks = min(t for t in (mix.eval_tasks, max_tasks) if t) if (mix.eval_tasks or max_tasks) else 0
             report, _ = run_eval(f"{self.policy.name}@{label}", suite, "held-out", c.eval.samples, c.eval.ks,
-                                 tasks, c.rollout.concurrency, c.seed, out, self.limits(),
+                                 tasks, c.rollout.concurrency, c.seed, out, self.limits(evaluation=True),
                                  progress=self.progress, agent=self.agent(c.eval.temperature), env_factory=self.make_env)
             results[mix.suite] = {f"pass@{k}": report.overall.pass_at[str(k)].value for k in c.eval.ks}
             results[mix.suite]["infra_error_rate"] = report.overall.outcome_rates.get("infra_error", 0.0)

@@ -118,6 +118,8 @@ class EvalSettings(_Strict):
     base_tasks: int = Field(default=0, ge=0, description="also evaluate the starting model, before SFT, on the "
                             "first N held-out tasks of each environment (0 = no base evaluation)")
     temperature: float = Field(default=1.0, ge=0, description="the same for the SFT and the final checkpoint")
+    max_turns: int | None = Field(default=None, ge=1, description="turns per evaluation episode, the same at "
+                                  "every evaluation (None = rollout.max_turns)")
     samples: int = Field(default=1, ge=1)
     ks: list[int] = Field(default_factory=lambda: [1])
 
