@@ -141,10 +141,11 @@ def test_paired_difference_by_hand():
     from toolgym.harness.evaluate import paired_difference
 
     before = [_graded(f"t{i}", i < 4) for i in range(10)]          # 0.4
-    after = [_graded(f"t{i}", i < 4 or i in (6, 7)) for i in range(10)]  # 0.6, never worse on a task
+    after = [_graded(f"t{i}", i < 8) for i in range(10)]  # 0.8, never worse on a task
     infra = _graded("t9", True).model_copy(update={"outcome": Outcome.INFRA_ERROR})
     diff = paired_difference(before, after[:9] + [infra], seed=0)
-    assert diff.tasks == 9 and diff.value == pytest.approx(2 / 9)  # t9 has no graded sample after: left out
-    assert 0 < diff.low <= diff.value <= diff.high  # every resample gains: the paired CI excludes 0
+    assert diff.tasks == 9 and diff.value == pytest.approx(4 / 9)  # t9 has no graded sample after: left out
+    # a resample without any of the 4 gaining tasks has probability (5/9)^9 < 0.6%: the CI excludes 0
+    assert 0 < diff.low <= diff.value <= diff.high
     same = paired_difference(before, before, seed=0)
     assert same.value == same.low == same.high == 0.0
