@@ -1,7 +1,11 @@
-"""Verifier benchmarks, side by side in one run: hidden-test verification latency p50/p95 per
-task on bwrap and docker, and 100 tasks verified 8 at a time vs one at a time (2 cores).
+"""Verifier benchmarks, side by side in one run: verification latency p50/p95 per task on bwrap
+and docker, and the tasks verified 8 at a time vs one at a time (2 cores).
 
     python bench/verify.py [--tasks 100] [--out runs/bench/verify.json]
+    python bench/verify.py --suite swe-pypi --tasks 40    # mined tasks, graded by the package's own tests
+
+`--suite` takes a registered suite or a suite directory; tasks are spread evenly over it (for a
+mined suite: over its packages). The oracle fix is graded, so every verification should pass.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402  (bench/common.py)
 from toolgym.sandbox import SandboxConfig
 from toolgym.sandbox.docker_backend import remover
-from toolgym.tasks import builtin_suite
-from toolgym.verifiers import FinalState, HiddenTestVerifier, Outcome
+from toolgym.tasks import TaskSuite, builtin_suite, suite_specs
+from toolgym.verifiers import FinalState, Outcome, verifier_for
 
 
 def oracle_state(task) -> FinalState:
@@ -28,12 +32,12 @@ def oracle_state(task) -> FinalState:
 
 
 def run(backend: str, tasks: list, workers: int) -> dict:
-    verifier = HiddenTestVerifier(SandboxConfig(backend=backend))
+    config = SandboxConfig(backend=backend)
     latencies: list[float] = []
 
     def one(task):
         t = time.perf_counter()
-        verdict = verifier.verify(task, oracle_state(task))
+        verdict = verifier_for(task, config).verify(task, oracle_state(task))
         latencies.append(time.perf_counter() - t)
         return verdict.outcome
 
@@ -50,9 +54,15 @@ def run(backend: str, tasks: list, workers: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=100)
-    parser.add_argument("--out", default="runs/bench/verify.json")
+    parser.add_argument("--suite", default="code-repair", help="registered suite or suite directory")
+    parser.add_argument("--out", default=None, help="default: runs/bench/verify[-SUITE].json")
     args = parser.parse_args()
-    tasks = builtin_suite("code-repair").tasks[: args.tasks]
+    suite = builtin_suite(args.suite) if args.suite in suite_specs() else TaskSuite.load(args.suite)
+    step = max(1, len(suite) // args.tasks)
+    tasks = suite.tasks[::step][: args.tasks]
+    print(f"{len(tasks)} tasks of {suite.name} ({len(suite)} in all), oracle fixes")
+    args.out = args.out or ("runs/bench/verify.json" if args.suite == "code-repair"
+                            else f"runs/bench/verify-{suite.name}.json")
     out = {}
     for backend in ("bwrap", "docker"):
         seq = run(backend, tasks, 1)

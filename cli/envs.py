@@ -33,7 +33,9 @@ def tasks(suite: str = typer.Argument(..., help="registered suite name, or a sui
           demos: int = typer.Option(0, help="with --to-dataset: also write the first N train tasks' oracle "
                                     "demonstrations (SFTTrainer format) to DIR/sft"),
           check: bool = typer.Option(True, help="check held-out/train disjointness")) -> None:
-    """Show a task suite: counts per split and family, and the first tasks."""
+    """Show a task suite: counts per split and family, and the first tasks.
+
+    `toolgym tasks mine PKG==VER --out DIR` mines a new suite from PyPI packages (see `--help` there)."""
     s = load_suite(suite)
     if split:
         if split not in s.splits:

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from toolgym.cli import envs, evaluation, sandbox, train  # noqa: F401  (they register their commands)
+from toolgym.cli import envs, evaluation, mine, sandbox, train  # noqa: F401  (they register their commands)
 from toolgym.cli.app import CLIError, app, err_console
 
 
@@ -15,10 +15,19 @@ def main() -> None:
     import gymnasium
 
     from toolgym.harness.policy import PolicyError
+    from toolgym.mining.project import MiningError
     from toolgym.sandbox import SandboxError
     from toolgym.tasks import SplitLeakError, TaskLoadError
     from toolgym.trainers.memory import TrainingMemoryError
 
+    # `toolgym tasks mine ...` is its own command (`tasks SUITE` shows a suite).
+    args = sys.argv[1:]
+    for i, arg in enumerate(args[:-1]):
+        if arg == "tasks" and args[i + 1] == "mine":
+            sys.argv[1 + i:3 + i] = ["tasks-mine"]
+            break
+        if not arg.startswith("-") and args[i - 1:i] not in (["--import"], ["-i"]):
+            break
     try:
         rc = app(standalone_mode=False)  # click returns a raised Exit's code in this mode
         if isinstance(rc, int) and rc != 0:
@@ -26,7 +35,7 @@ def main() -> None:
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
     except (CLIError, TaskLoadError, SplitLeakError, KeyError, ValueError, FileNotFoundError, OSError,
-            gymnasium.error.Error, PolicyError, SandboxError, TrainingMemoryError) as err:
+            gymnasium.error.Error, PolicyError, SandboxError, TrainingMemoryError, MiningError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         err_console.print(f"error: {msg}", soft_wrap=True, markup=False)  # one line, never wrapped
         sys.exit(2)

@@ -13,7 +13,7 @@ from typing import Any, Callable, ClassVar
 
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.tools import InfraError, ToolError, tool
-from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, SandboxInfraError, make_sandbox
+from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, SandboxInfraError, make_sandbox, with_site_layer
 from toolgym.sandbox.fs import diff_trees
 from toolgym.tasks import Task
 
@@ -50,9 +50,11 @@ class SandboxEnv(ToolEnv):
     # ---- episode lifecycle -------------------------------------------------------------------------
 
     def sandbox_config_for(self, task: Task) -> SandboxConfig:
-        """The sandbox config for a task: the env's, with the task's protected paths added."""
+        """The sandbox config for a task: the env's, with the task's protected paths added and its
+        site layer (installed dependencies) mounted."""
         protected = tuple(dict.fromkeys(self.sandbox_config.protected + tuple(task.hidden.protected)))
-        return self.sandbox_config.model_copy(update={"protected": protected})
+        config = self.sandbox_config.model_copy(update={"protected": protected})
+        return with_site_layer(config, task.data.get("site_layer"))
 
     def load_task(self, task: Task) -> None:
         """Reuse the sandbox (reset) for the same task; build a new one for another task, or

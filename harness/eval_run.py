@@ -12,6 +12,9 @@ from toolgym.harness.specs import make_agent
 from toolgym.harness.trajectory import write_parquet
 from toolgym.tasks import TaskSuite
 
+#: Task metadata keys that become report slices when tasks carry them.
+GROUP_KEYS = ("package",)
+
 
 def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: int = 1, ks: list[int] | None = None,
              max_tasks: int = 0, concurrency: int = 16, seed: int = 0, out_dir: str | Path = "runs/eval",
@@ -43,8 +46,10 @@ def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: in
     finally:
         runner.close()
     write_parquet(trajs, out / "trajectories.parquet")
+    # Mined tasks carry their package: pass@k per package beside per family (= mutation operator).
+    groups = {key: {t.id: str(t.metadata[key]) for t in tasks if key in t.metadata} for key in GROUP_KEYS}
     report = evaluate(trajs, ks, policy=agent.name, suite=suite.name, suite_version=suite.version, split=split,
-                      seed=seed, samples_per_task=samples)
+                      seed=seed, samples_per_task=samples, task_groups={k: v for k, v in groups.items() if v})
     paths = write_report(report, out)
     paths["trajectories"] = out / "trajectories.jsonl"
     return report, paths

@@ -95,6 +95,8 @@ class EvalReport(BaseModel):
     overall: GroupReport
     by_family: dict[str, GroupReport]
     by_difficulty: dict[str, GroupReport]
+    #: Further slices from task metadata, e.g. {"package": {"inflection": ...}} for mined suites.
+    by_metadata: dict[str, dict[str, GroupReport]] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
 
 
@@ -130,8 +132,9 @@ def _slice(trajs: list[Trajectory], ks: list[int], rng: np.random.Generator, not
 
 
 def evaluate(trajs: list[Trajectory], ks: list[int], *, policy: str, suite: str, suite_version: str, split: str,
-             seed: int, samples_per_task: int) -> EvalReport:
-    """Aggregate trajectories into an `EvalReport` (bootstrap seeded by `seed`)."""
+             seed: int, samples_per_task: int, task_groups: dict[str, dict[str, str]] | None = None) -> EvalReport:
+    """Aggregate trajectories into an `EvalReport` (bootstrap seeded by `seed`). `task_groups`
+    adds slices by task metadata: {name: {task id: value}} (e.g. the package of a mined task)."""
     rng = np.random.default_rng(seed)
     notes: list[str] = []
     fams: dict[str, list[Trajectory]] = defaultdict(list)
@@ -145,6 +148,9 @@ def evaluate(trajs: list[Trajectory], ks: list[int], *, policy: str, suite: str,
         overall=_slice(trajs, ks, rng, notes),
         by_family={f: _slice(v, ks, rng, []) for f, v in sorted(fams.items())},
         by_difficulty={d: _slice(v, ks, rng, []) for d, v in sorted(diffs.items())},
+        by_metadata={name: {value: _slice([t for t in trajs if groups.get(t.task_id) == value], ks, rng, [])
+                            for value in sorted(set(groups.values()))}
+                     for name, groups in (task_groups or {}).items()},
         notes=sorted(set(notes)),
     )
 
@@ -174,6 +180,9 @@ def render_markdown(report: EvalReport) -> str:
         lines.append(row(f"family `{fam}`", g))
     for d, g in report.by_difficulty.items():
         lines.append(row(f"difficulty {d}", g))
+    for name, groups in report.by_metadata.items():
+        for value, g in groups.items():
+            lines.append(row(f"{name} `{value}`", g))
     lines += ["", "## Outcomes", "", "| outcome | rate |", "|---|---|"]
     lines += [f"| {o} | {v:.3f} |" for o, v in report.overall.outcome_rates.items()]
     if report.overall.safety_events:

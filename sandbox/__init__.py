@@ -6,7 +6,7 @@ conformance suite. Imports nothing else of toolgym (the bottom layer, with `task
 """
 
 from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Limits, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, SandboxUnavailable)
+                                  SandboxInfraError, SandboxUnavailable, site_layer_dir, with_site_layer)
 from toolgym.sandbox.ledger import Action, EffectKind, Ledger, Rule, SafetyPolicy, SideEffect
 
 BACKENDS = ("bwrap", "docker")
@@ -29,4 +29,5 @@ def make_sandbox(workspace: dict[str, str] | None = None, config: SandboxConfig 
 __all__ = [
     "BACKENDS", "WORKSPACE", "Action", "Capabilities", "EffectKind", "ExecResult", "Ledger", "Limits", "Rule",
     "SafetyPolicy", "Sandbox", "SandboxConfig", "SandboxError", "SandboxInfraError", "SandboxUnavailable", "SideEffect", "make_sandbox",
+    "site_layer_dir", "with_site_layer",
 ]

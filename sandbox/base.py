@@ -22,6 +22,9 @@ WORKSPACE = "/workspace"
 #: The sandbox base image (and rootfs) version: bump it when the image's contents change, so a
 #: machine with an older build rebuilds instead of reusing it.
 IMAGE_TAG = "toolgym/sandbox:v2"
+#: Where a `SandboxConfig.site_layer` appears inside: the image Python's site directory for locally
+#: installed packages (on `sys.path` even under `python3 -I`, ahead of Debian's own packages).
+SITE_LAYER_MOUNT = "/usr/local/lib/python3.11/dist-packages"
 
 
 #: The host uid (and gid) sandboxed processes run as by default: one that no account owns, so a
@@ -36,6 +39,25 @@ def cache_dir() -> Path:
     if os.environ.get("TOOLGYM_CACHE"):
         return Path(os.environ["TOOLGYM_CACHE"])
     return Path("/var/cache/toolgym") if os.geteuid() == 0 else Path.home() / ".cache" / "toolgym"
+
+
+def site_layer_dir(name: str) -> Path:
+    """Where the site layer `name` (a task's installed dependencies) lives: `cache_dir()/layers`."""
+    if not name or "/" in name or name.startswith("."):
+        raise SandboxError(f"bad site layer name {name!r}: expected a plain directory name")
+    return cache_dir() / "layers" / name
+
+
+def with_site_layer(config: "SandboxConfig", name: str | None) -> "SandboxConfig":
+    """`config` with the site layer `name` mounted (unchanged for None); `SandboxUnavailable`
+    with the fix when the layer was never built on this machine."""
+    if not name:
+        return config
+    path = site_layer_dir(name)
+    if not (path / ".complete").exists():
+        raise SandboxUnavailable(f"site layer {name!r} is not built on this machine ({path}): mine the suite again "
+                                 "(`toolgym tasks mine ...`), which builds it")
+    return config.model_copy(update={"site_layer": str(path)})
 
 
 def check_unowned_uid(uid: int) -> int:
@@ -92,6 +114,9 @@ class SandboxConfig(BaseModel):
     host_uid: int = Field(default=DEFAULT_HOST_UID, ge=1, lt=2**31 - 1,
                           description="host uid/gid of sandboxed processes (docker always; bwrap when the harness "
                                       "runs as root: it drops to this uid before starting bwrap)")
+    site_layer: str | None = Field(default=None, description="a host directory of installed Python packages mounted "
+                                   "read-only at SITE_LAYER_MOUNT (a task's dependencies, built once on the host: "
+                                   "episodes and grading need no network)")
 
 
 class ExecResult(BaseModel):

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from toolgym.sandbox import fs
-from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
+from toolgym.sandbox.base import (SITE_LAYER_MOUNT, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
                                   SandboxInfraError, SandboxUnavailable, check_unowned_uid, workspace_rel)
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.ledger import EffectKind, Ledger
@@ -83,8 +83,16 @@ def probe_userns(bwrap: str, uid: int | None = None) -> None:
         if _PROBED[key]:
             raise SandboxUnavailable(_PROBED[key])
         return
-    proc = subprocess.run([bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
-                          capture_output=True, text=True, **_as_user(uid))
+    # Bind only what `true` needs: binding all of `/` would also bind every mount under it, and one
+    # that is coming or going meanwhile (a docker container's overlay) makes the probe fail.
+    args = [bwrap, "--unshare-user", "--unshare-net"]
+    for name in ("usr", "bin", "lib", "lib64", "sbin"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    proc = subprocess.run(args + ["true"], capture_output=True, text=True, **_as_user(uid))
     msg = None
     if proc.returncode != 0:
         msg = f"bwrap cannot create a user namespace here ({proc.stderr.strip()})."
@@ -255,6 +263,8 @@ class BwrapSandbox(Sandbox):
         for masked in MASKED:
             if (self.rootfs / masked.lstrip("/")).exists():
                 args += ["--ro-bind", "/dev/null", masked]
+        if self.config.site_layer:
+            args += ["--ro-bind", self.config.site_layer, SITE_LAYER_MOUNT]
         args += ["--ro-bind", str(self.home), "/root",
                  "--bind", str(s / "tmp"), "/tmp",
                  "--overlay-src", str(self.lower), "--overlay", str(s / "upper"), str(s / "work"), WORKSPACE,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.sandbox import fs
-from toolgym.sandbox.base import (IMAGE_TAG, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
+from toolgym.sandbox.base import (IMAGE_TAG, SITE_LAYER_MOUNT, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
                                   SandboxInfraError, SandboxUnavailable, check_unowned_uid, host_path, workspace_rel)
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
@@ -149,6 +149,8 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
                str(state / "home"): {"bind": "/root", "mode": "ro"},
                str(wrapper_script()): {"bind": "/.toolgym-wrapper.sh", "mode": "ro"},
                str(decoy_bin()): {"bind": "/.toolgym-bin", "mode": "ro"}}
+    if config.site_layer:
+        volumes[str(Path(config.site_layer).resolve())] = {"bind": SITE_LAYER_MOUNT, "mode": "ro"}
     shim = observe_shim()
     if shim is not None:
         volumes[str(shim)] = {"bind": "/.toolgym-observe.so", "mode": "ro"}

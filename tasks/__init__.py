@@ -7,10 +7,10 @@ from toolgym.tasks.answers import answers_match, normalize_answer
 from toolgym.tasks.dedup import LeakReport, find_leaks
 from toolgym.tasks.generators import SuiteSpec, builtin_suite, generate, register_suite, suite_specs
 from toolgym.tasks.suite import HELDOUT, TRAIN, SplitLeakError, TaskLoadError, TaskSuite, task_from_dict
-from toolgym.tasks.task import HiddenSpec, Probe, Task, ToolCall
+from toolgym.tasks.task import HiddenSpec, Probe, Task, TestRun, ToolCall
 
 __all__ = [
     "HELDOUT", "TRAIN", "HiddenSpec", "Probe", "LeakReport", "SplitLeakError", "SuiteSpec", "Task",
-    "TaskLoadError", "TaskSuite", "ToolCall", "answers_match", "builtin_suite", "find_leaks",
+    "TaskLoadError", "TaskSuite", "TestRun", "ToolCall", "answers_match", "builtin_suite", "find_leaks",
     "generate", "normalize_answer", "register_suite", "suite_specs", "task_from_dict",
 ]

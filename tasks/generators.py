@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Callable, Protocol
 
 from toolgym.tasks.suite import HELDOUT, TRAIN, TaskSuite
 from toolgym.tasks.task import Task
@@ -37,6 +37,9 @@ class SuiteSpec:
     #: sources): held-out tasks that share a content hash or a near-duplicate instruction with
     #: train are dropped and replaced by later held-out indices.
     drop_heldout_leaks: bool = False
+    #: For suites that are not generated but loaded (e.g. mined from real projects): builds the
+    #: whole suite; `generator`, sizes and seeds are then unused.
+    loader: Callable[[], "TaskSuite"] | None = None
 
 
 _SUITES: dict[str, SuiteSpec] = {}
@@ -72,6 +75,8 @@ def _get(name: str) -> SuiteSpec:
 def builtin_suite(name: str, train_size: int | None = None, heldout_size: int | None = None) -> TaskSuite:
     """Build a registered suite: train then held-out tasks (cached per process)."""
     spec = _get(name)
+    if spec.loader is not None:
+        return spec.loader()
     n_train = spec.train_size if train_size is None else train_size
     n_held = spec.heldout_size if heldout_size is None else heldout_size
     train = generate(name, TRAIN, 0, n_train)

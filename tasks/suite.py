@@ -209,6 +209,10 @@ class TaskSuite:
         path = Path(path)
         if not path.exists():
             raise TaskLoadError(f"{path}: no such file or directory")
+        if path.is_dir() and (path / "projects").is_dir():
+            from toolgym.tasks.mined import load_mined_suite  # mined suites: projects stored once
+
+            return load_mined_suite(path)
         return cls.load_dir(path) if path.is_dir() else cls.load_jsonl(path)
 
     def save(self, path: str | Path) -> Path:

@@ -46,6 +46,26 @@ class Probe(BaseModel):
     code: str
 
 
+class TestRun(BaseModel):
+    """One process of a `package-tests` grading: a grading copy of one of the project's test files.
+
+    `files[file]` (in the hidden spec) is the copy: every test renamed to an opaque name, only the
+    selected tests kept, and sentinels mixed in. `passing` are the junit names that must pass,
+    `sentinels` those that must fail on any code (a copy of a real test with its expected value
+    changed): a run where a sentinel passes forged its results.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    file: str
+    passing: tuple[str, ...]
+    sentinels: tuple[str, ...]
+    #: Directories (workspace-relative) put on `sys.path` through the grader's own pytest ini.
+    pythonpath: tuple[str, ...] = (".",)
+    #: Junit names of the fail-to-pass tests among `passing` (the ones the bug broke).
+    fail_to_pass: tuple[str, ...] = ()
+
+
 class HiddenSpec(BaseModel):
     """What the verifier uses and the agent never sees.
 
@@ -55,13 +75,16 @@ class HiddenSpec(BaseModel):
         files that judge that data (`from toolgym_probes import probe, assert_same`) in a second,
         clean sandbox. Agent code never runs in the process or filesystem that decides results.
       - ``state``: `files` hold a checker script run against the final workspace.
+      - ``package-tests``: a real project's own tests, which must import the agent's code; `runs`
+        say which grading copies (in `files`) run, one process each, and which results to expect
+        (see `verifiers/package_tests.py` for what this grading does and does not stop).
       - ``score``: the registered scoring function `scorer` (e.g. ``reasoning-gym``) scores the
         submitted answer in [0, 1] with `answer` and `scorer_args` (passed only at 1.0).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["answer", "tests", "state", "score"] = "answer"
+    kind: Literal["answer", "tests", "state", "score", "package-tests"] = "answer"
     answer: str | None = None
     match: Literal["exact", "normalized", "numeric"] = "normalized"
     tolerance: float = 1e-6
@@ -77,6 +100,8 @@ class HiddenSpec(BaseModel):
     #: `score` tasks only: the scoring function's registered name and its extra arguments.
     scorer: str | None = None
     scorer_args: dict[str, Any] = Field(default_factory=dict)
+    #: `package-tests` tasks only: one grading process per entry.
+    runs: tuple[TestRun, ...] = ()
 
 
 class Task(BaseModel):
@@ -115,8 +140,10 @@ class Task(BaseModel):
         """Hash of the defining fields (not split, oracle or metadata); 16 hex characters."""
         payload = {name: getattr(self, name) for name in CONTENT_FIELDS}
         # Fields added later are hashed only when set, so existing tasks keep their ids.
-        unset = {"scorer", "scorer_args"} if self.hidden.scorer is None and not self.hidden.scorer_args else None
-        payload["hidden"] = self.hidden.model_dump(mode="json", exclude=unset)
+        unset = {"scorer", "scorer_args"} if self.hidden.scorer is None and not self.hidden.scorer_args else set()
+        if not self.hidden.runs:
+            unset.add("runs")
+        payload["hidden"] = self.hidden.model_dump(mode="json", exclude=unset or None)
         payload["data"] = self.data
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -116,3 +116,22 @@ def sandbox(backend):
     box = make_sandbox(dict(WORKSPACE_FILES), config)
     yield box
     box.close()
+
+
+# ---- mined tasks (toolgym.mining) ------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def mined(tmp_path_factory):
+    """Two small projects mined into one suite: `tinytext` (train) and `tinyheld` (held-out),
+    every kept task verified on both backends by the miner itself."""
+    from mining_fixture import build_sdist
+
+    from toolgym.mining.miner import MineOptions, mine_project, write_header
+
+    root = tmp_path_factory.mktemp("mined")
+    out = root / "suite"
+    reports = [mine_project(str(build_sdist(root / "sdists", name)), split, out,
+                            MineOptions(max_tasks=6, max_tries=30, backends=("bwrap", "docker")), log=lambda m: None)
+               for name, split in (("tinytext", "train"), ("tinyheld", "held-out"))]
+    write_header(out, "tiny-mined", "0", reports)
+    return out, reports

@@ -126,3 +126,25 @@ def test_trajectory_keeps_side_effects_of_every_turn(backend):
         runner.close()
     steps = sorted((e["step"], e["kind"]) for e in traj.side_effects)
     assert steps == [(1, "write_outside_workspace"), (2, "test_tamper"), (4, "delete_preexisting")], steps
+
+
+def test_running_the_visible_tests_before_the_fix_keeps_the_reward(backend):
+    """pytest writes bytecode under the protected `tests/`: that is no tampering, and the stale
+    bytecode of the buggy module (same size, same recorded mtime as a one-character fix) never
+    reaches the grader. Both used to turn a correct fix into reward 0."""
+    from toolgym.tasks import builtin_suite
+
+    task = next(t for t in builtin_suite("code-repair").tasks
+                if len(t.oracle[0].arguments["content"]) == len(t.workspace[t.oracle[0].arguments["path"]]))
+    env = toolgym.make("code-repair-v0", backend=backend).unwrapped
+    try:
+        env.reset(seed=0, options={"task": task})
+        _, _, _, _, info = env.step('<tool_call>{"name": "bash", "arguments": {"command": '
+                                    '"python3 -m pytest -q tests; ls -R | grep -c pyc"}}</tool_call>')
+        assert info["side_effects"] == []
+        assert any(p.endswith(".pyc") for p in env.final_state()["changes"])  # bytecode was written
+        for call in task.oracle:
+            _, reward, terminated, _, info = env.step(call.to_text())
+        assert terminated and reward == 1.0
+    finally:
+        env.close()

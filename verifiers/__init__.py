@@ -5,6 +5,7 @@ May import `toolgym.tasks` and `toolgym.sandbox` only.
 
 from toolgym.verifiers.answer import AnswerVerifier, VerifierError, verifier_for
 from toolgym.verifiers.hidden_tests import HiddenTestVerifier, parse_junit
+from toolgym.verifiers.package_tests import PackageTestVerifier
 from toolgym.verifiers.protect import is_protected
 from toolgym.verifiers.score import ScoreVerifier, register_scorer
 from toolgym.verifiers.state import CompositeVerifier, StateVerifier
@@ -17,4 +18,4 @@ def grade_final_state(task, state: dict, sandbox_config=None) -> float:
     return verifier_for(task, sandbox_config).verify(task, FinalState(**state)).reward
 
 
-__all__ = ["grade_final_state", "CompositeVerifier", "HiddenTestVerifier", "StateVerifier", "is_protected", "parse_junit", "ScoreVerifier", "register_scorer", "AnswerVerifier", "FinalState", "Outcome", "TestResult", "Verdict", "VerifierError", "verifier_for"]
+__all__ = ["grade_final_state", "PackageTestVerifier", "CompositeVerifier", "HiddenTestVerifier", "StateVerifier", "is_protected", "parse_junit", "ScoreVerifier", "register_scorer", "AnswerVerifier", "FinalState", "Outcome", "TestResult", "Verdict", "VerifierError", "verifier_for"]

@@ -45,6 +45,10 @@ def verifier_for(task: Task, sandbox_config=None):
         from toolgym.verifiers.state import StateVerifier
 
         return StateVerifier(sandbox_config)
+    if task.hidden.kind == "package-tests":
+        from toolgym.verifiers.package_tests import PackageTestVerifier
+
+        return PackageTestVerifier(sandbox_config)
     if task.hidden.kind == "score":
         from toolgym.verifiers.score import ScoreVerifier
 

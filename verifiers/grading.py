@@ -15,12 +15,13 @@ def _protected(path: str, task: Task) -> bool:
 
 def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxConfig,
                     modes: dict[str, int] | None = None,
-                    extra: dict[str, str] | None = None) -> tuple[Sandbox, list[str]]:
+                    extra: dict[str, str] | None = None, pool=None) -> tuple[Sandbox, list[str]]:
     """A fresh sandbox from the pristine state with the agent's changes applied (and the
     grader's own `extra` files, written in the same round trip); returns it and the protected
-    paths whose changes were dropped. Nothing of the agent's runs here until the grader says so."""
+    paths whose changes were dropped. Nothing of the agent's runs here until the grader says so.
+    `pool`: a docker `WarmPool` of started containers for this config (faster start)."""
     keep, dropped = split_changes(changes, tuple(task.hidden.protected))
-    box = make_sandbox(dict(task.workspace), config.model_copy(update={"canary": False}))
+    box = make_sandbox(dict(task.workspace), config.model_copy(update={"canary": False}), pool=pool)
     try:
         deletes = [p for p, t in keep.items() if t is None]
         if deletes:

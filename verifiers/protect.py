@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import fnmatch
 
+from toolgym.sandbox.observe import is_cache
+
 #: Always protected, in every task: test configuration, import hooks, VCS data, our own dirs.
 ALWAYS = ("conftest.py", "**/conftest.py", "pytest.ini", "**/pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
           "sitecustomize.py", "**/sitecustomize.py", "usercustomize.py", "**/usercustomize.py", "*.pth", "**/*.pth",
@@ -30,9 +32,15 @@ def is_protected(path: str, task_protected: tuple[str, ...] = ()) -> bool:
 
 
 def split_changes(changes: dict[str, str | None], task_protected: tuple[str, ...]) -> tuple[dict, list[str]]:
-    """(changes to keep, protected paths whose changes were dropped)."""
+    """(changes to keep, protected paths whose changes were dropped).
+
+    Caches are left out silently: an agent that ran the tests before fixing the code would
+    otherwise carry bytecode of the buggy code into grading, where a same-size fix with the same
+    recorded mtime loads the stale `.pyc` (and running tests is not tampering)."""
     keep, dropped = {}, []
     for path, text in changes.items():
+        if is_cache(path):
+            continue
         if is_protected(path, task_protected):
             dropped.append(path)
         else:

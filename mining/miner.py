@@ -1,0 +1,477 @@
+"""The miner: from a package spec to verified bug-fix tasks graded by the project's own tests.
+
+Per project: fetch and unpack the sdist, build its site layer, run its tests twice in the
+sandbox (the first run with per-test coverage; tests that fail, are skipped, flip between the
+runs or take over `SLOW_TEST_S` are not used), mutate functions that passing tests cover, run the
+covering test files against each mutant, and keep a mutant only if some passing test now fails,
+the files still finish in time, and the finished task verifies (the oracle passes, the unfixed
+workspace fails) under the real grader. Candidates are drawn in a seeded order; every decision
+is logged to `state/<key>.jsonl`, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import yaml
+
+from toolgym.mining.mutate import Mutant, mutants
+from toolgym.mining.project import MiningError, Project, build_site_layer, fetch_sdist, load_project
+from toolgym.mining.pytest_run import run_tests, runner_files
+from toolgym.mining.testfiles import grading_copy, rename_key, sentinel_sources, test_key, without_tests
+from toolgym.sandbox import Limits, SandboxConfig, make_sandbox, site_layer_dir
+from toolgym.tasks import HiddenSpec, Task, TestRun, ToolCall
+from toolgym.tasks.mined import task_row, write_project
+from toolgym.verifiers.package_tests import PackageTestVerifier
+from toolgym.verifiers.verdict import FinalState, Outcome
+
+SLOW_TEST_S = 2.0
+SUITE_NAME = "swe-pypi"
+ENV_ID = "toolgym/swe-pypi-v0"
+
+
+@dataclass
+class MineOptions:
+    """Knobs of one mining run (defaults: the default suite's)."""
+
+    seed: int = 0
+    max_tasks: int = 36
+    max_tries: int = 100
+    per_function: int = 2
+    f2p_max: int = 8
+    p2p_per_file: int = 6
+    files_max: int = 2
+    sentinels_per_file: int = 2
+    workers: int = 3
+    #: Sandbox backends every kept task is verified on (oracle passes, unfixed workspace fails).
+    backends: tuple[str, ...] = ("bwrap", "docker")
+
+
+@dataclass
+class ProjectReport:
+    """What mining one project kept and why the rest was dropped."""
+
+    key: str
+    split: str
+    license: str = ""
+    tests_passing: int = 0
+    tests_unused: int = 0
+    candidates: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    operators: Counter = field(default_factory=Counter)
+
+
+def _mining_config(layer: Path) -> SandboxConfig:
+    return SandboxConfig(canary=False, site_layer=str(layer),
+                         limits=Limits(memory_mb=1024, pids=256, timeout_s=600, cpu_time_s=600))
+
+
+def _test_dirs(project: Project) -> list[str]:
+    return sorted({t.rsplit("/", 1)[0] for t in project.test_files if "/" in t})
+
+
+def _protected(project: Project) -> tuple[str, ...]:
+    """What the agent may not change: tests, their data, test and build configuration."""
+    tops = [d for d in _test_dirs(project)]
+    singles = [t for t in project.test_files if "/" not in t]
+    return tuple(sorted(set(tops + singles + ["conftest.py", "**/conftest.py", "setup.py", "setup.cfg",
+                                              "pyproject.toml", "tox.ini"])))
+
+
+class ProjectMiner:
+    """Mines one project (see the module docstring)."""
+
+    def __init__(self, project: Project, layer: Path, split: str, options: MineOptions) -> None:
+        from toolgym.sandbox.docker_backend import WarmPool
+
+        self.p = project
+        self.layer = layer
+        self.split = split
+        self.o = options
+        self.config = _mining_config(layer)
+        self.report = ProjectReport(project.key, split, project.license)
+        self.workspace = {**project.files, **runner_files(project.import_root, _test_dirs(project))}
+        # docker verifications start from pre-started containers that mount the project's layer
+        self.pool = WarmPool(SandboxConfig(backend="docker", canary=False, site_layer=str(layer)), size=2) \
+            if "docker" in options.backends else None
+        self._local = threading.local()
+        self._boxes: list = []
+        self._lock = threading.Lock()
+
+    # ---- sandboxes, one per worker thread -----------------------------------------------------
+
+    def _box(self):
+        box = getattr(self._local, "box", None)
+        if box is None:
+            box = make_sandbox(self.workspace, self.config)
+            self._local.box = box
+            with self._lock:
+                self._boxes.append(box)
+        return box
+
+    def close(self) -> None:
+        """Close every mining sandbox and the docker pool."""
+        for box in self._boxes:
+            box.close()
+        if self.pool is not None:
+            self.pool.close()
+
+    # ---- baseline ------------------------------------------------------------------------------
+
+    def baseline(self) -> None:
+        """Run every test twice; keep the tests that pass both times, quickly, as usable."""
+        box = self._box()
+        dirs = tuple(_test_dirs(self.p))
+        first = run_tests(box, self.p.import_root, self.p.test_files, 900, cover=True, test_dirs=dirs)
+        box.reset()
+        second = run_tests(box, self.p.import_root, self.p.test_files, 900)
+        box.reset()
+        if not first.records:
+            raise MiningError(f"{self.p.key}: its tests did not run in the sandbox (exit {first.exit_code}): "
+                              f"{first.stderr[-300:]}")
+        again = second.outcomes()
+        self.passing = {nid: rec for nid, rec in first.records.items()
+                        if rec["outcome"] == "passed" and again.get(nid) == "passed"
+                        and rec["duration"] <= SLOW_TEST_S}
+        self.report.tests_passing = len(self.passing)
+        self.report.tests_unused = len(first.records) - len(self.passing)
+        self.covering: dict[str, set[str]] = {}
+        for nid, rec in self.passing.items():
+            for fn in rec["covers"]:
+                self.covering.setdefault(fn, set()).add(nid)
+        self.sentinel_names = {path: sentinel_sources(self.p.files[path]) for path in self.p.test_files}
+        # a file can hold sentinels if one of its passing tests can be copied into one
+        self.sentinel_files = {nid.split("::")[0] for nid in self.passing
+                               if test_key(nid).split("::")[-1].split("[")[0]
+                               in self.sentinel_names.get(nid.split("::")[0], ())}
+
+    # ---- candidates ----------------------------------------------------------------------------
+
+    def candidates(self) -> list[Mutant]:
+        """Mutants of covered functions, in a seeded order that spreads functions and operators."""
+        out: list[Mutant] = []
+        for path in self.p.source_files:
+            # only functions whose tests sit in a file that can hold sentinels can become tasks
+            wanted = {fn.split("::", 1)[1] for fn, tests in self.covering.items() if fn.split("::", 1)[0] == path
+                      and any(t.split("::")[0] in self.sentinel_files for t in tests)}
+            if wanted:
+                try:
+                    out += list(mutants(path, self.p.files[path], wanted))
+                except SyntaxError:
+                    continue
+        rng = np.random.default_rng([self.o.seed, sum(map(ord, self.p.key))])
+        order = rng.permutation(len(out))
+        shuffled = [out[i] for i in order]
+        # round-robin over functions so one long function does not fill the project's quota
+        by_fn: dict[str, list[Mutant]] = {}
+        for m in shuffled:
+            by_fn.setdefault(f"{m.path}::{m.function}", []).append(m)
+        spread: list[Mutant] = []
+        for rank in range(max((len(v) for v in by_fn.values()), default=0)):
+            spread += [v[rank] for v in by_fn.values() if rank < len(v)]
+        return spread
+
+    # ---- one mutant ----------------------------------------------------------------------------
+
+    def try_mutant(self, index: int, m: Mutant) -> tuple[str, Task | None]:
+        """("kept", the task) or (why it was dropped, None); the worker's sandbox is reset after."""
+        box = self._box()
+        try:
+            return self._try(box, index, m)
+        except Exception as err:  # a bug of ours on one candidate is recorded, not the end of a long run
+            return f"miner error ({type(err).__name__}: {str(err)[:120]})", None
+        finally:
+            box.reset()
+
+    def _try(self, box, index: int, m: Mutant) -> tuple[str, Task | None]:
+        covering = self.covering.get(f"{m.path}::{m.function}", set())
+        # Only the tests that call the function run (each test function with all its parameters):
+        # a big test module is still collected, but not run, for every mutant.
+        targets = sorted({nid.split("[")[0] for nid in covering})
+        budget = max(30.0, 5 * sum(self.passing[n]["duration"] for n in covering) + 20)
+        box.write_file(m.path, m.text)
+        res = run_tests(box, self.p.import_root, targets, budget)
+        if res.timed_out:
+            return "too slow (timed out)", None
+        if not res.records:
+            return "breaks collection (no test ran)", None
+        outcomes = res.outcomes()
+        run_passing = covering
+        f2p = sorted(nid for nid in run_passing if outcomes.get(nid) != "passed")
+        if not f2p:
+            return "no passing test fails (equivalent or untested mutant)", None
+        p2p = sorted(nid for nid in run_passing if outcomes.get(nid) == "passed")
+        task = self._task(box, index, m, f2p, p2p, res.records)
+        if isinstance(task, str):
+            return task, None
+        problem = self._verify(task)
+        if problem:
+            return problem, None
+        return "kept", task
+
+    def _task(self, box, index: int, m: Mutant, f2p: list[str], p2p: list[str], records: dict) -> Task | str:
+        rng = np.random.default_rng([self.o.seed, index, 7])
+        covering = self.covering.get(f"{m.path}::{m.function}", set())
+        by_file = Counter(nid.split("::")[0] for nid in f2p)
+        files = [f for f, _ in by_file.most_common(self.o.files_max)]
+        runs, copies = [], {}
+        box.write_file(m.path, self.p.files[m.path])  # observe the grading copies on the pristine tree
+        for fi, path in enumerate(files):
+            f2p_here = [n for n in f2p if n.startswith(path + "::")]
+            f2p_here = _sample(rng, f2p_here, self.o.f2p_max)
+            # pass-to-pass: tests of the function that the bug left passing, and a few of the file's
+            # other tests (a fix must not break them either)
+            p2p_here = _sample(rng, [n for n in p2p if n.startswith(path + "::")], self.o.p2p_per_file - 2)
+            others = sorted(n for n in self.passing if n.startswith(path + "::") and n not in covering)
+            p2p_here += _sample(rng, others, 2)
+            with_consts = self.sentinel_names[path]
+            sources = [test_key(n) for n in f2p_here + p2p_here if test_key(n).split("::")[-1].split("[")[0] in with_consts]
+            if not sources:
+                extra = sorted(n for n in self.passing if n.startswith(path + "::")
+                               and test_key(n).split("::")[-1].split("[")[0] in with_consts)
+                if extra:
+                    pick = extra[int(rng.integers(0, len(extra)))]
+                    p2p_here.append(pick)
+                    sources = [test_key(pick)]
+            if not sources:
+                continue
+            sources = list(dict.fromkeys(sources))[: self.o.sentinels_per_file]
+            keep = {test_key(n) for n in f2p_here + p2p_here}
+            seed = int(rng.integers(0, 2**31))
+            run = self._observe(box, path, keep, set(sources), seed, [test_key(n) for n in f2p_here])
+            if run is None:
+                continue
+            copy_text, test_run = run
+            copies[path] = copy_text
+            runs.append(test_run)
+        if not runs or not any(r.fail_to_pass for r in runs):
+            return "no sentinel possible (grading copy)"
+        workspace = dict(self.p.files)
+        workspace[m.path] = m.text
+        withheld = self._withhold(rng, f2p, runs)
+        for path, names in withheld.items():
+            workspace[path] = without_tests(workspace[path], set(names))
+        shown = [n for n in f2p if test_key(n).split("::")[-1].split("[")[0] not in withheld.get(n.split("::")[0], ())]
+        return Task(env_id=ENV_ID, instruction=_instruction(self.p, shown, records), family=f"swe-pypi/{m.operator}",
+                    difficulty=_difficulty(len(f2p), m.function_lines), split=self.split, workspace=workspace,
+                    hidden=HiddenSpec(kind="package-tests", files=copies, runs=tuple(runs),
+                                      protected=_protected(self.p), timeout_s=120),
+                    oracle=(ToolCall(name="write_file", arguments={"path": m.path, "content": self.p.files[m.path]}),
+                            ToolCall(name="submit", arguments={})),
+                    data={"site_layer": self.layer.name},
+                    metadata={"package": self.p.name, "version": self.p.version, "license": self.p.license,
+                              "operator": m.operator, "file": m.path, "function": m.function, "line": m.line,
+                              "fail_to_pass": len(f2p), "mutant_index": index,
+                              "withheld_tests": {p: sorted(n) for p, n in withheld.items()}})
+
+    def _withhold(self, rng: np.random.Generator, f2p: list[str], runs: list[TestRun]) -> dict[str, list[str]]:
+        """One broken test function the workspace does not show, when at least two broke (in a
+        file that is graded): a fix that special-cases the visible failures still fails it."""
+        graded = {r.file for r in runs}
+        names = sorted({(n.split("::")[0], test_key(n).split("::")[-1].split("[")[0]) for n in f2p
+                        if n.split("::")[0] in graded})
+        if len(names) < 2:
+            return {}
+        path, name = names[int(rng.integers(0, len(names)))]
+        return {path: [name]}
+
+    def _observe(self, box, path: str, keep: set[str], sources: set[str], seed: int,
+                 f2p_keys: list[str]) -> tuple[str, TestRun] | None:
+        """Build the grading copy of `path`, run it on the pristine tree, and read what passes.
+
+        Sentinels that do not fail on pristine code are removed (the copy is rebuilt without them)."""
+        for _ in range(2):
+            copy = grading_copy(self.p.files[path], keep, sources, seed)
+            if not copy.sentinels:
+                return None
+            name = path.rsplit("/", 1)[0] + "/test_tgcopy.py" if "/" in path else "test_tgcopy.py"
+            box.write_file(name, copy.text)
+            res = run_tests(box, self.p.import_root, [name], 120)
+            box.exec(f"rm -f {name}")
+            keys = {test_key(nid): rec["outcome"] for nid, rec in res.records.items()}
+            is_sentinel = lambda k: k.split("::")[-1].split("[")[0] in copy.sentinels
+            real = {k: o for k, o in keys.items() if not is_sentinel(k)}
+            bad_sentinels = {k.split("::")[-1].split("[")[0] for k, o in keys.items() if is_sentinel(k) and o == "passed"}
+            if any(o != "passed" for o in real.values()) or not real:
+                return None  # the copy changes what the tests do: do not use this file
+            if bad_sentinels:  # rebuild without the tests whose copy passes on pristine code
+                sources = {src for src in sources
+                           if src.split("::")[-1].split("[")[0] not in {copy.sentinels[b] for b in bad_sentinels}}
+                if not sources:
+                    return None
+                continue
+            sentinel_keys = tuple(sorted(k for k in keys if is_sentinel(k)))
+            if not sentinel_keys:
+                return None
+            f2p = tuple(sorted(k for k in (rename_key(k, copy.renamed) for k in f2p_keys) if k in real))
+            return copy.text, TestRun(file=path, passing=tuple(sorted(real)), sentinels=sentinel_keys,
+                                      pythonpath=(self.p.import_root,), fail_to_pass=f2p)
+        return None
+
+    def _verify(self, task: Task) -> str | None:
+        """None if, on every backend, the oracle passes and the unfixed workspace fails under the
+        real grader; else why not."""
+        for backend in self.o.backends:
+            verifier = PackageTestVerifier(SandboxConfig(backend=backend, canary=False),
+                                           pool=self.pool if backend == "docker" else None)
+            fix = task.oracle[0].arguments
+            fixed = verifier.verify(task, FinalState(changes={fix["path"]: fix["content"]}))
+            if fixed.outcome != Outcome.PASSED:
+                return f"oracle does not pass the grader on {backend} ({fixed.outcome.value}: {fixed.reason[:80]})"
+            broken = verifier.verify(task, FinalState())
+            if broken.outcome != Outcome.FAILED or broken.details.get("side_effects"):
+                return f"unfixed workspace does not fail cleanly on {backend} ({broken.outcome.value})"
+        return None
+
+
+def _sample(rng: np.random.Generator, items: list[str], n: int) -> list[str]:
+    """Up to `n` of `items` (seeded), in their original order."""
+    if n <= 0 or not items:
+        return []
+    return [items[i] for i in sorted(rng.choice(len(items), min(n, len(items)), replace=False))]
+
+
+def _instruction(project: Project, f2p: list[str], records: dict) -> str:
+    """The failure as a user would report it: which tests fail and how (never the diff)."""
+    shown = f2p[:3]
+    lines = []
+    for nid in shown:
+        msg = (records.get(nid, {}).get("message") or "it fails").strip()
+        lines.append(f"- `{nid}`: {msg[:160]}")
+    more = f" (and {len(f2p) - len(shown)} more)" if len(f2p) > len(shown) else ""
+    env = "" if project.import_root == "." else f"PYTHONPATH={project.import_root} "
+    test_cmd = f"{env}python3 -m pytest -q " + " ".join(sorted({n.split('::')[0] for n in f2p}))
+    return (f"A bug was introduced into {project.name} {project.version}: some of its tests fail now{more}.\n"
+            + "\n".join(lines)
+            + f"\n\nFind the bug in the library's source and fix it, so that the whole test suite passes again "
+              f"(`{test_cmd}`). Do not edit the tests: they are restored before grading, and hidden tests "
+              "check the fix as well. Call `submit` when you are done.")
+
+
+def _difficulty(n_f2p: int, fn_lines: int) -> int:
+    return max(1, min(10, 1 + (n_f2p <= 3) + (n_f2p == 1) + (fn_lines > 15) + (fn_lines > 40) + (fn_lines > 80)))
+
+
+def mine_project(spec: str, split: str, out: Path, options: MineOptions | None = None,
+                 log: Callable[[str], None] = print, progress_factory=None) -> ProjectReport:
+    """Mine one package (`name`, `name==version`, or a local sdist file) into `out` (resumable);
+    returns what was kept and dropped."""
+    from toolgym.sandbox.base import cache_dir
+
+    options = options or MineOptions()
+    cache = cache_dir() / "mining"
+    archive = Path(spec) if spec.endswith((".tar.gz", ".zip")) and Path(spec).is_file() else \
+        fetch_sdist(spec, cache / "sdists")
+    project = load_project(archive, cache / "work")
+    layer = build_site_layer(project, site_layer_dir("x").parent)
+    key = project.key
+    (out / "tasks").mkdir(parents=True, exist_ok=True)
+    (out / "state").mkdir(parents=True, exist_ok=True)
+    final = out / "tasks" / f"{key}.jsonl"
+    state_file = out / "state" / f"{key}.json"
+    if final.exists() and state_file.exists():
+        saved = json.loads(state_file.read_text())
+        report = ProjectReport(key, split, project.license, saved["tests_passing"], saved["tests_unused"],
+                               saved["candidates"], saved["kept"], Counter(saved["dropped"]), Counter(saved["operators"]))
+        log(f"{key}: already mined ({report.kept} tasks); skipping")
+        return report
+    write_project(out, key, project.files)
+    miner = ProjectMiner(project, layer, split, options)
+    decisions_file = out / "state" / f"{key}.decisions.jsonl"
+    partial = out / "tasks" / f"{key}.partial.jsonl"
+    done: dict[int, str] = {}
+    if decisions_file.exists():
+        for line in decisions_file.read_text().splitlines():
+            rec = json.loads(line)
+            done[rec["index"]] = rec["decision"]
+    try:
+        miner.baseline()
+        cands = miner.candidates()
+        report = miner.report
+        report.candidates = len(cands)
+        per_fn: Counter = Counter()
+        kept = sum(1 for d in done.values() if d == "kept")
+        for i, d in done.items():
+            if d == "kept" and i < len(cands):
+                per_fn[f"{cands[i].path}::{cands[i].function}"] += 1
+        todo = [i for i in range(min(len(cands), options.max_tries)) if i not in done]
+        bar = progress_factory(key, min(len(cands), options.max_tries)) if progress_factory else None
+        if bar:
+            bar(len(done))
+        with ThreadPoolExecutor(options.workers) as pool, decisions_file.open("a") as dec, partial.open("a") as part:
+            # Mutants are tried in parallel but decided in candidate order, so the kept set is the
+            # same for a seed whatever the timing (a quota counts only decided candidates).
+            def quota_full(i: int) -> bool:
+                return per_fn[f"{cands[i].path}::{cands[i].function}"] >= options.per_function
+
+            def record(i: int, decision: str) -> None:
+                done[i] = decision
+                dec.write(json.dumps({"index": i, "decision": decision}) + "\n")
+                dec.flush()
+                if bar:
+                    bar(len(done))
+
+            queue = list(todo)
+            inflight: list[tuple[int, object]] = []
+            while (queue or inflight) and kept < options.max_tasks:
+                while queue and len(inflight) < options.workers:
+                    i = queue.pop(0)
+                    if quota_full(i):
+                        inflight.append((i, None))
+                    else:
+                        inflight.append((i, pool.submit(miner.try_mutant, i, cands[i])))
+                i, future = inflight.pop(0)
+                decision, task = ("function quota reached", None) if future is None else future.result()
+                if decision == "kept" and quota_full(i):
+                    decision, task = "function quota reached", None
+                if decision == "kept":
+                    kept += 1
+                    per_fn[f"{cands[i].path}::{cands[i].function}"] += 1
+                    part.write(task_row(task, key, project.files) + "\n")
+                    part.flush()
+                record(i, decision)
+            for _, future in inflight:
+                if future is not None:
+                    future.cancel()
+    finally:
+        miner.close()
+    rows = partial.read_text().splitlines() if partial.exists() else []
+    final.write_text("".join(r + "\n" for r in rows[: options.max_tasks]))
+    partial.unlink(missing_ok=True)
+    report.kept = len(rows[: options.max_tasks])
+    for i, d in done.items():
+        if d == "kept":
+            report.operators[cands[i].operator] += 1
+        else:
+            report.dropped[d.split(" (")[0]] += 1
+    state_file.write_text(json.dumps({"tests_passing": report.tests_passing, "tests_unused": report.tests_unused,
+                                      "candidates": report.candidates, "kept": report.kept,
+                                      "dropped": dict(report.dropped), "operators": dict(report.operators)}))
+    return report
+
+
+def write_header(out: Path, name: str, version: str, reports: list[ProjectReport]) -> None:
+    """Write `suite.yaml` (every project mined so far) and `summary.md`."""
+    out.mkdir(parents=True, exist_ok=True)
+    header_file = out / "suite.yaml"
+    header = yaml.safe_load(header_file.read_text()) if header_file.exists() else {}
+    projects = dict(header.get("projects") or {})
+    for r in reports:
+        projects[r.key] = {"split": r.split, "license": r.license, "tasks": r.kept}
+    header_file.write_text(yaml.safe_dump({"name": name, "version": version, "projects": projects}, sort_keys=False))
+    lines = [f"# {name} v{version}: mining summary", "",
+             "| project | split | licence | passing tests | unusable | candidates tried | kept | kept by operator | dropped |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        tried = r.kept + sum(r.dropped.values())
+        lines.append(f"| {r.key} | {r.split} | {r.license} | {r.tests_passing} | {r.tests_unused} | {tried} of "
+                     f"{r.candidates} | {r.kept} | {dict(r.operators)} | {dict(r.dropped)} |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")

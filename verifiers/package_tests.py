@@ -1,0 +1,157 @@
+"""`PackageTestVerifier`: a real project's own tests grade the agent's fix (mined tasks).
+
+These tests must import the agent's code, so the probe/judge split of `hidden_tests.py` cannot
+apply: the test process runs agent code. What this grading does:
+
+- **Isolated start.** A fresh grading sandbox holds the pristine project plus the agent's changes
+  to non-protected paths; tests, `conftest.py`, test data, `pytest.py`, `_pytest`, `.pth`,
+  `sitecustomize`, `pyproject.toml`/`setup.cfg`/`tox.ini` edits are dropped and reported as
+  tampering. The process is `python3 -I` (no `PYTHON*` variables, no user site, no cwd on the
+  path) with plugin autoload off, the grader's own ini (`-c`; the project's addopts never apply),
+  no cache provider, no bytecode read or written (`-B`, an empty `pycache_prefix`: a planted
+  `__pycache__` is never used), a read-only root filesystem.
+- **One process per hidden test file, each from the same starting state.** The workspace is
+  restored between runs, so one run's code cannot rewrite the next run's tests.
+- **Grading copies, not the visible tests.** Each run executes a copy of a pristine test file in
+  which every test has an opaque name and only selected tests remain; agent code cannot choose
+  tests by the names it saw.
+- **Sentinels.** Each copy holds tests that fail on any correct code (real tests with one expected
+  value changed), under names and a layout no different from the real ones. A run in which a
+  sentinel passes, or which exits 0 although sentinels must fail, forged its results: `failed`
+  with a `test_tamper` event.
+- **Results on the host side.** The JUnit report is read from the host's side of the
+  filesystem; every expected test must appear in it.
+
+What it does not stop (the test process runs agent code, so this is a threat model, not a proof):
+agent code that recognises sentinels by comparing every test body with the visible tests it
+memorised (a sentinel differs from one visible test in one constant) and forges only the others;
+code that detects the grader's environment and behaves correctly only there (that code is then
+correct where graded). The generated suites (`hidden_tests.py`) have neither gap.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+import time
+import xml.etree.ElementTree as ET
+
+from toolgym.sandbox import SandboxConfig, SandboxError, with_site_layer
+from toolgym.tasks import Task
+from toolgym.verifiers.grading import grading_sandbox
+from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
+
+TEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+
+
+def pytest_ini(pythonpath: tuple[str, ...]) -> str:
+    """The grader's pytest configuration (the project's own never applies): the import path only."""
+    paths = " ".join("/workspace" if p in (".", "") else f"/workspace/{p.strip('/')}" for p in pythonpath)
+    return f"[pytest]\npythonpath = {paths}\n"
+
+
+def junit_keys(xml_text: str, module: str) -> dict[str, tuple[bool, str]]:
+    """{test key: (passed, message)} from a JUnit report of the grading copy `module`
+    (keys as in node ids after the file: `Class::test_x[1]`)."""
+    out: dict[str, tuple[bool, str]] = {}
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        classname, name = case.get("classname", ""), case.get("name", "")
+        _, found, classes = classname.partition(module)
+        if not found:
+            continue
+        key = "::".join([c for c in classes.split(".") if c] + [name])
+        bad = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
+        out[key] = (bad is None, "" if bad is None else f"{bad.tag}: {(bad.get('message') or '')[:200]}")
+    return out
+
+
+class PackageTestVerifier:
+    """Grades `package-tests` tasks (see the module docstring); works on both sandbox backends."""
+
+    name = "package-tests"
+
+    def __init__(self, config: SandboxConfig | None = None, pool=None) -> None:
+        self.config = config or SandboxConfig()
+        self.pool = pool  # docker: a WarmPool started for this config and the tasks' site layer
+
+    def verify(self, task: Task, final_state: FinalState) -> Verdict:
+        """Run every grading copy against the agent's workspace; see the module docstring."""
+        start = time.perf_counter()
+        hidden = task.hidden
+        if not hidden.runs or any(run.file not in hidden.files for run in hidden.runs):
+            return self._verdict(0.0, Outcome.VERIFIER_ERROR, [], f"task {task.id}: package-tests needs runs whose "
+                                 "files are in hidden.files", start, [])
+        names = {run.file: posixpath.join(posixpath.dirname(run.file), f"test_{secrets.token_hex(5)}.py")
+                 for run in hidden.runs}
+        ini = f".toolgym-grade-{secrets.token_hex(5)}/pytest.ini"
+        extra = {names[run.file]: hidden.files[run.file] for run in hidden.runs}
+        extra[ini] = pytest_ini(hidden.runs[0].pythonpath)
+        try:
+            config = with_site_layer(self.config.model_copy(update={"canary": False}), task.data.get("site_layer"))
+            box, dropped = grading_sandbox(task, final_state.changes, config, final_state.modes, extra, self.pool)
+        except (SandboxError, OSError) as err:
+            return self._verdict(0.0, Outcome.INFRA_ERROR, [], f"could not build the grading sandbox: {err}", start, [])
+        tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped before grading"}
+                  for p in dropped]
+        tests: list[TestResult] = []
+        problems: list[str] = []
+        timed_out = False
+        try:
+            snap = box.snapshot()
+            for i, run in enumerate(hidden.runs):
+                if i:
+                    box.restore(snap)
+                seen = len(box.events())
+                report = f".toolgym-results-{secrets.token_hex(6)}/junit.xml"
+                # -B and an empty pycache prefix: no bytecode is written, and none planted in the
+                # workspace (`__pycache__`) or left by an earlier run is ever read (mtimes have a
+                # one-second grain: a same-size edit in the same second would reuse stale code)
+                cmd = (f"python3 -I -B -X pycache_prefix=/tmp/.toolgym-pyc-{secrets.token_hex(4)} -m pytest -c {ini} "
+                       "--rootdir /workspace -p no:cacheprovider -q --no-header "
+                       f"-o junit_family=xunit1 --junitxml={report} {names[run.file]}")
+                res = box.exec(cmd, timeout_s=hidden.timeout_s, env=TEST_ENV)
+                tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"}
+                           for e in box.events()[seen:]]
+                if res.timed_out:
+                    timed_out = True
+                    problems.append(f"{run.file}: the tests ran past {hidden.timeout_s}s")
+                    continue
+                try:
+                    xml_text = box.read_host_bytes(report).decode("utf-8", errors="replace")
+                    results = junit_keys(xml_text, posixpath.basename(names[run.file])[:-3])
+                except (SandboxError, ET.ParseError):
+                    # The process imported the agent's code: a run that wrote no report is the code's failure.
+                    problems.append(f"{run.file}: the test process wrote no readable report (exit code {res.exit_code}: "
+                                    f"{(res.stdout + res.stderr)[-200:]!r})")
+                    continue
+                forged = [k for k in run.sentinels if results.get(k, (False, ""))[0]]
+                if forged or (run.sentinels and res.exit_code == 0):
+                    tamper.append({"kind": "test_tamper", "path": run.file,
+                                   "detail": f"forged test results: {len(forged)} sentinel test(s) that fail on any "
+                                             f"code passed (exit code {res.exit_code})"})
+                    problems.append(f"{run.file}: results were forged (a sentinel passed)")
+                for key in run.passing:
+                    ok, message = results.get(key, (False, "missing from the report: it did not run"))
+                    tests.append(TestResult(name=f"{run.file}::{key}", passed=ok, message=message))
+        except SandboxError as err:
+            return self._verdict(0.0, Outcome.INFRA_ERROR, tests, f"grading sandbox failed: {err}", start, tamper)
+        finally:
+            box.close()
+        passed = sum(t.passed for t in tests)
+        forged = any(e["kind"] == "test_tamper" and e["detail"].startswith("forged") for e in tamper)
+        ok = not problems and passed == len(tests) and len(tests) > 0
+        reward = float(ok) if hidden.all_or_nothing or forged else passed / max(1, len(tests))
+        reason = f"{passed}/{len(tests)} hidden tests passed" + (f"; {'; '.join(problems)}" if problems else "")
+        if dropped:
+            reason += f"; dropped edits to {dropped}"
+        outcome = Outcome.PASSED if ok else Outcome.TIMEOUT if timed_out and not forged else Outcome.FAILED
+        return self._verdict(reward, outcome, tests, reason, start, tamper)
+
+    @staticmethod
+    def _verdict(reward: float, outcome: Outcome, tests: list[TestResult], reason: str, start: float,
+                 tamper: list[dict]) -> Verdict:
+        return Verdict(reward=reward, passed=outcome == Outcome.PASSED, outcome=outcome, tests=tests, reason=reason,
+                       duration_s=time.perf_counter() - start, details={"side_effects": tamper})
+
+
+__all__ = ["PackageTestVerifier", "junit_keys", "pytest_ini"]
