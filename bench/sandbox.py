@@ -3,7 +3,9 @@
 Prints, for bwrap and docker: reset latency p50/p95 after a small change, exec overhead (`true`)
 p50/p95, sandbox creation time, and a concurrency run (128 bwrap / 32 docker sandboxes running a
 short command loop) with throughput, failures and peak memory; then the naive baseline (a fresh
-container per reset, `docker run` + remove) and the ratio the design buys.
+container per reset, `docker run` + remove) and the ratio the design buys; last, 512 bwrap
+sandboxes alive at once, each running a command at the same moment (`--many N`), with failures,
+memory per sandbox and the host's limits (pids, namespaces, open files).
 
 Targets: bwrap reset p50 <= 10 ms, p95 <= 50 ms, exec p50 <= 10 ms; docker reset p50 <= 250 ms
 with the warm pool, exec p50 <= 60 ms.
@@ -123,6 +125,65 @@ def bench_concurrency(backend: str, sandboxes: int, loops: int, pool: WarmPool |
             "failures": len(failures), "failure_examples": failures[:3], "peak_memory_mb": mem.peak_mb}
 
 
+def host_limits() -> dict:
+    """What bounds concurrent bwrap sandboxes on this machine (each running exec is a bwrap, a
+    shell and the command: a user namespace, a mount namespace with an overlay, a few pids)."""
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            return "n/a"
+
+    import resource
+
+    return {"pid_max": read("/proc/sys/kernel/pid_max"), "threads_max": read("/proc/sys/kernel/threads-max"),
+            "max_user_namespaces": read("/proc/sys/user/max_user_namespaces"),
+            "max_mnt_namespaces": read("/proc/sys/user/max_mnt_namespaces"),
+            "open_files_soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            "processes_soft": resource.getrlimit(resource.RLIMIT_NPROC)[0],
+            "mem_total_mb": int(read("/proc/meminfo").split()[1]) // 1024}
+
+
+def bench_many_alive(n: int) -> dict:
+    """`n` bwrap sandboxes alive at once, then one command in every one of them at the same time
+    (n bwraps, each with its own namespaces and overlay mount, running together)."""
+    cfg = SandboxConfig(backend="bwrap", limits=Limits(timeout_s=300, memory_mb=128, pids=32))
+    failures: list[str] = []
+    boxes: list = []
+    with MemoryWatch() as idle_mem:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=16) as ex:
+            for res in ex.map(lambda i: _try(lambda: make_sandbox(WORKSPACE, cfg)), range(n)):
+                (boxes if not isinstance(res, str) else failures).append(res)
+        create_s = time.perf_counter() - t
+    barrier = threading.Barrier(len(boxes))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        r = boxes[i].exec(f"echo {i} > out.txt && sleep 1 && cat out.txt")
+        if r.exit_code != 0 or r.stdout.strip() != str(i):
+            failures.append(f"sandbox {i}: exit {r.exit_code} {r.stderr[:120]}")
+
+    with MemoryWatch() as busy_mem:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(boxes)) as ex:
+            list(ex.map(run, range(len(boxes))))
+        exec_s = time.perf_counter() - t
+    for box in boxes:
+        box.close()
+    return {"sandboxes": n, "alive": len(boxes), "create_s": create_s, "concurrent_exec_s": exec_s,
+            "failures": len(failures), "failure_examples": failures[:3],
+            "idle_memory_mb_per_sandbox": idle_mem.peak_mb / max(1, len(boxes)),
+            "running_memory_mb_per_sandbox": busy_mem.peak_mb / max(1, len(boxes)), "host": host_limits()}
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as err:  # counted as a failure, reported with its message
+        return f"create: {type(err).__name__}: {err}"
+
+
 def bench_naive_docker(n: int) -> dict:
     """The baseline: every reset is a fresh container (`docker run` then remove)."""
     c = client()
@@ -140,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer iterations and sandboxes")
     parser.add_argument("--out", default="runs/bench/sandbox.json")
+    parser.add_argument("--many", type=int, default=512, help="bwrap sandboxes alive and running at once")
     args = parser.parse_args()
     n = 15 if args.quick else 50
     out: dict = {}
@@ -166,6 +228,11 @@ def main() -> None:
         r = out[name]
         print(f"{name}: {r['sandboxes']} sandboxes, {r['execs']} execs in {r['seconds']:.1f}s = "
               f"{r['execs_per_s']:.0f} execs/s, {r['failures']} failures, peak memory +{r['peak_memory_mb']:.0f} MB")
+    many = out["bwrap_alive"] = bench_many_alive(64 if args.quick else args.many)
+    print(f"bwrap, {many['sandboxes']} alive at once: created in {many['create_s']:.1f}s, one command in each at the "
+          f"same time took {many['concurrent_exec_s']:.1f}s, {many['failures']} failures "
+          f"{many['failure_examples'][:1]}; memory per sandbox {many['idle_memory_mb_per_sandbox']:.2f} MB idle, "
+          f"{many['running_memory_mb_per_sandbox']:.2f} MB while running; host limits {many['host']}")
     write_results(args.out, out)
 
 

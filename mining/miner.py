@@ -42,8 +42,8 @@ class MineOptions:
     """Knobs of one mining run (defaults: the default suite's)."""
 
     seed: int = 0
-    max_tasks: int = 36
-    max_tries: int = 100
+    max_tasks: int = 32
+    max_tries: int = 80
     per_function: int = 2
     f2p_max: int = 8
     p2p_per_file: int = 6

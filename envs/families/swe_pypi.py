@@ -29,9 +29,9 @@ DEFAULT_PACKAGES: tuple[tuple[str, str, str], ...] = (
     ("semver==3.1.2", TRAIN, "BSD-3-Clause"),
     ("parse==1.22.4", TRAIN, "MIT"),
     ("inflection==0.5.1", HELDOUT, "MIT"),
-    ("webcolors==25.10.0", HELDOUT, "BSD-3-Clause"),
     ("tabulate==0.10.0", HELDOUT, "MIT"),
-    ("six==1.17.0", HELDOUT, "MIT"),
+    ("schema==0.7.8", HELDOUT, "MIT"),
+    ("tinydb==4.9.0", HELDOUT, "MIT"),
 )
 
 
