@@ -26,7 +26,7 @@ from toolgym.mining.mutate import Mutant, mutants
 from toolgym.mining.project import MiningError, Project, build_site_layer, fetch_sdist, load_project
 from toolgym.mining.pytest_run import run_tests, runner_files
 from toolgym.mining.testfiles import grading_copy, rename_key, sentinel_sources, test_key, without_tests
-from toolgym.sandbox import Limits, SandboxConfig, make_sandbox, site_layer_dir
+from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 from toolgym.tasks import HiddenSpec, Task, TestRun, ToolCall
 from toolgym.tasks.mined import task_row, write_project
 from toolgym.verifiers.package_tests import PackageTestVerifier
@@ -371,7 +371,7 @@ def mine_project(spec: str, split: str, out: Path, options: MineOptions | None =
     archive = Path(spec) if spec.endswith((".tar.gz", ".zip")) and Path(spec).is_file() else \
         fetch_sdist(spec, cache / "sdists")
     project = load_project(archive, cache / "work")
-    layer = build_site_layer(project, site_layer_dir("x").parent)
+    layer = build_site_layer(project, cache_dir() / "layers")  # where `site_layer_dir` looks
     key = project.key
     (out / "tasks").mkdir(parents=True, exist_ok=True)
     (out / "state").mkdir(parents=True, exist_ok=True)
