@@ -25,7 +25,7 @@ import yaml
 from toolgym.mining.mutate import Mutant, mutants
 from toolgym.mining.project import MiningError, Project, build_site_layer, fetch_sdist, load_project
 from toolgym.mining.pytest_run import run_tests, runner_files
-from toolgym.mining.testfiles import grading_copy, rename_key, sentinel_sources, test_key, without_tests
+from toolgym.mining.testfiles import base_name, grading_copy, rename_key, sentinel_sources, test_key, without_tests
 from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 from toolgym.tasks import HiddenSpec, Task, TestRun, ToolCall
 from toolgym.tasks.mined import task_row, write_project
@@ -150,7 +150,7 @@ class ProjectMiner:
         self.sentinel_names = {path: sentinel_sources(self.p.files[path]) for path in self.p.test_files}
         # a file can hold sentinels if one of its passing tests can be copied into one
         self.sentinel_files = {nid.split("::")[0] for nid in self.passing
-                               if test_key(nid).split("::")[-1].split("[")[0]
+                               if base_name(nid)
                                in self.sentinel_names.get(nid.split("::")[0], ())}
 
     # ---- candidates ----------------------------------------------------------------------------
@@ -233,10 +233,10 @@ class ProjectMiner:
             others = sorted(n for n in self.passing if n.startswith(path + "::") and n not in covering)
             p2p_here += _sample(rng, others, 2)
             with_consts = self.sentinel_names[path]
-            sources = [test_key(n) for n in f2p_here + p2p_here if test_key(n).split("::")[-1].split("[")[0] in with_consts]
+            sources = [test_key(n) for n in f2p_here + p2p_here if base_name(n) in with_consts]
             if not sources:
                 extra = sorted(n for n in self.passing if n.startswith(path + "::")
-                               and test_key(n).split("::")[-1].split("[")[0] in with_consts)
+                               and base_name(n) in with_consts)
                 if extra:
                     pick = extra[int(rng.integers(0, len(extra)))]
                     p2p_here.append(pick)
@@ -259,7 +259,7 @@ class ProjectMiner:
         withheld = self._withhold(rng, f2p, runs)
         for path, names in withheld.items():
             workspace[path] = without_tests(workspace[path], set(names))
-        shown = [n for n in f2p if test_key(n).split("::")[-1].split("[")[0] not in withheld.get(n.split("::")[0], ())]
+        shown = [n for n in f2p if base_name(n) not in withheld.get(n.split("::")[0], ())]
         return Task(env_id=ENV_ID, instruction=_instruction(self.p, shown, records), family=f"swe-pypi/{m.operator}",
                     difficulty=_difficulty(len(f2p), m.function_lines), split=self.split, workspace=workspace,
                     hidden=HiddenSpec(kind="package-tests", files=copies, runs=tuple(runs),
@@ -276,7 +276,7 @@ class ProjectMiner:
         """One broken test function the workspace does not show, when at least two broke (in a
         file that is graded): a fix that special-cases the visible failures still fails it."""
         graded = {r.file for r in runs}
-        names = sorted({(n.split("::")[0], test_key(n).split("::")[-1].split("[")[0]) for n in f2p
+        names = sorted({(n.split("::")[0], base_name(n)) for n in f2p
                         if n.split("::")[0] in graded})
         if len(names) < 2:
             return {}
@@ -297,14 +297,14 @@ class ProjectMiner:
             res = run_tests(box, self.p.import_root, [name], 120)
             box.exec(f"rm -f {name}")
             keys = {test_key(nid): rec["outcome"] for nid, rec in res.records.items()}
-            is_sentinel = lambda k: k.split("::")[-1].split("[")[0] in copy.sentinels
+            is_sentinel = lambda k: base_name(k) in copy.sentinels
             real = {k: o for k, o in keys.items() if not is_sentinel(k)}
-            bad_sentinels = {k.split("::")[-1].split("[")[0] for k, o in keys.items() if is_sentinel(k) and o == "passed"}
+            bad_sentinels = {base_name(k) for k, o in keys.items() if is_sentinel(k) and o == "passed"}
             if any(o != "passed" for o in real.values()) or not real:
                 return None  # the copy changes what the tests do: do not use this file
             if bad_sentinels:  # rebuild without the tests whose copy passes on pristine code
                 sources = {src for src in sources
-                           if src.split("::")[-1].split("[")[0] not in {copy.sentinels[b] for b in bad_sentinels}}
+                           if base_name(src) not in {copy.sentinels[b] for b in bad_sentinels}}
                 if not sources:
                     return None
                 continue

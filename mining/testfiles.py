@@ -44,7 +44,8 @@ def test_key(nodeid: str) -> str:
     return nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
 
 
-def _base_name(key: str) -> str:
+def base_name(key: str) -> str:
+    """The test function's own name in a node id or test key (no class, no parameters)."""
     return key.split("::")[-1].split("[")[0]
 
 
@@ -124,7 +125,7 @@ def grading_copy(source: str, keep: set[str], sentinel_from: set[str], seed: int
     """The grading copy of a test module (see the module docstring). `keep` and `sentinel_from`
     hold test keys or plain function names; names are what the copy filters by."""
     rng = np.random.default_rng(seed)
-    builder = _Builder({_base_name(k) for k in keep}, {_base_name(k) for k in sentinel_from}, rng)
+    builder = _Builder({base_name(k) for k in keep}, {base_name(k) for k in sentinel_from}, rng)
     with AST_LOCK:
         tree = builder.build(ast.parse(source))
         text = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
