@@ -29,7 +29,7 @@ def tasks_mine(packages: Optional[list[str]] = typer.Argument(None, help="PACKAG
                name: str = typer.Option("swe-pypi", help="suite name written to suite.yaml")) -> None:
     """Mine tasks: fetch sdists, run their tests in the sandbox, keep AST mutants that break them."""
     from toolgym.envs.families.swe_pypi import DEFAULT_PACKAGES, default_suite_dir
-    from toolgym.mining.miner import MineOptions, mine_project, write_header
+    from toolgym.mining.miner import MineOptions, mine_project, prefetch, write_header
     from toolgym.mining.project import MiningError
 
     if split not in ("train", "held-out"):
@@ -55,6 +55,8 @@ def tasks_mine(packages: Optional[list[str]] = typer.Argument(None, help="PACKAG
                        "--backends bwrap")
     options = MineOptions(seed=seed, max_tasks=max_tasks, max_tries=max_tries, workers=workers, backends=chosen)
     reports = []
+    with console.status(f"downloading {len(jobs)} source distributions"):
+        prefetch([spec for spec, _ in jobs])
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         def bar_for(key: str, total: int):

@@ -103,6 +103,8 @@ class ProjectMiner:
         self.pool = WarmPool(SandboxConfig(backend="docker", canary=False, site_layer=str(layer)), size=2) \
             if "docker" in options.backends else None
         self._local = threading.local()
+        #: set once the project's quota is full: tries still running stop before verifying
+        self.stopping = threading.Event()
         self._boxes: list = []
         self._lock = threading.Lock()
 
@@ -128,12 +130,19 @@ class ProjectMiner:
 
     def baseline(self) -> None:
         """Run every test twice; keep the tests that pass both times, quickly, as usable."""
-        box = self._box()
         dirs = tuple(_test_dirs(self.p))
-        first = run_tests(box, self.p.import_root, self.p.test_files, 900, cover=True, test_dirs=dirs)
-        box.reset()
-        second = run_tests(box, self.p.import_root, self.p.test_files, 900)
-        box.reset()
+
+        def run(cover: bool):
+            box = self._box()
+            try:
+                return run_tests(box, self.p.import_root, self.p.test_files, 900, cover=cover, test_dirs=dirs)
+            finally:
+                box.reset()
+
+        # the traced run and the repeat run are independent: one core each
+        with ThreadPoolExecutor(2) as pool:
+            first_run, second_run = pool.submit(run, True), pool.submit(run, False)
+            first, second = first_run.result(), second_run.result()
         if not first.records:
             raise MiningError(f"{self.p.key}: its tests did not run in the sandbox (exit {first.exit_code}): "
                               f"{first.stderr[-300:]}")
@@ -196,7 +205,9 @@ class ProjectMiner:
         # Only the tests that call the function run (each test function with all its parameters):
         # a big test module is still collected, but not run, for every mutant.
         targets = sorted({nid.split("[")[0] for nid in covering})
-        budget = max(30.0, 5 * sum(self.passing[n]["duration"] for n in covering) + 20)
+        # the baseline durations were traced (slower): 4x and a floor for collection is ample; a
+        # mutant that loops forever costs this much of a worker
+        budget = max(12.0, 4 * sum(self.passing[n]["duration"] for n in covering) + 8)
         box.write_file(m.path, m.text)
         res = run_tests(box, self.p.import_root, targets, budget)
         if res.timed_out:
@@ -209,9 +220,13 @@ class ProjectMiner:
         if not f2p:
             return "no passing test fails (equivalent or untested mutant)", None
         p2p = sorted(nid for nid in run_passing if outcomes.get(nid) == "passed")
+        if self.stopping.is_set():
+            return "not needed (quota full)", None
         task = self._task(box, index, m, f2p, p2p, res.records)
         if isinstance(task, str):
             return task, None
+        if self.stopping.is_set():
+            return "not needed (quota full)", None
         problem = self._verify(task)
         if problem:
             return problem, None
@@ -360,6 +375,21 @@ def _difficulty(n_f2p: int, fn_lines: int) -> int:
     return max(1, min(10, 1 + (n_f2p <= 3) + (n_f2p == 1) + (fn_lines > 15) + (fn_lines > 40) + (fn_lines > 80)))
 
 
+def prefetch(specs: list[str], workers: int = 4) -> None:
+    """Download the sdists of pinned `specs` into the mining cache at once (network time overlaps);
+    a spec that fails here fails again, with its message, when `mine_project` reaches it."""
+    from toolgym.sandbox.base import cache_dir
+
+    def fetch(spec: str) -> None:
+        try:
+            fetch_sdist(spec, cache_dir() / "mining" / "sdists")
+        except MiningError:
+            pass
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(fetch, [s for s in specs if "==" in s and not Path(s).is_file()]))
+
+
 def mine_project(spec: str, split: str, out: Path, options: MineOptions | None = None,
                  log: Callable[[str], None] = print, progress_factory=None) -> ProjectReport:
     """Mine one package (`name`, `name==version`, or a local sdist file) into `out` (resumable);
@@ -438,6 +468,7 @@ def mine_project(spec: str, split: str, out: Path, options: MineOptions | None =
                     part.write(task_row(task, key, project.files) + "\n")
                     part.flush()
                 record(i, decision)
+            miner.stopping.set()  # undecided tries are not recorded: a resumed run tries them again
             for _, future in inflight:
                 if future is not None:
                     future.cancel()

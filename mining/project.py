@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import email.parser
 import hashlib
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import tomllib
 import zipfile
 from dataclasses import dataclass, field
@@ -68,15 +70,19 @@ class Project:
 def fetch_sdist(spec: str, dest: Path) -> Path:
     """Download the source distribution of `spec` (`name` or `name==version`) into `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
-    before = set(dest.iterdir())
     name = re.split(r"[=<>!~ ]", spec, 1)[0]
     cached = _cached_sdist(dest, spec)
     if cached is not None:
         return cached
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                           "--disable-pip-version-check", "-q", "-d", str(dest), spec],
-                          capture_output=True, text=True, timeout=300)
-    new = sorted(set(dest.iterdir()) - before)
+    # each download lands in its own directory first: downloads may run side by side
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                               "--disable-pip-version-check", "-q", "-d", tmp, spec],
+                              capture_output=True, text=True, timeout=300)
+        got = sorted(Path(tmp).iterdir())
+        new = [dest / got[0].name] if proc.returncode == 0 and got else []
+        if new:
+            os.replace(got[0], new[0])
     if proc.returncode != 0 or not new:
         found = _cached_sdist(dest, spec)
         if found is not None:

@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from toolgym.sandbox import Sandbox, SandboxError
-from toolgym.verifiers.package_tests import TEST_ENV, pytest_ini
+from toolgym.verifiers.package_tests import PYTEST_PRELOAD, TEST_ENV, pytest_ini
 
 MINE_DIR = ".toolgym-mine"
-RUN_SCRIPT = """import os, sys
+# The grader's start-up (pytest from the image's bytecode, then an empty pycache prefix: a
+# mutant and the pristine file can differ by one character in the same second, and a cached .pyc
+# keyed by (mtime, size) would then run the wrong code), plus the reporting plugin.
+RUN_SCRIPT = PYTEST_PRELOAD + """import os
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import pytest
 import toolgym_mine
+sys.pycache_prefix = os.environ["TOOLGYM_MINE_PYC"]
 sys.exit(pytest.main(sys.argv[1:], plugins=[toolgym_mine]))
 """
 
@@ -52,13 +55,11 @@ def run_tests(box: Sandbox, import_root: str, targets: list[str], timeout_s: flo
               test_dirs: tuple[str, ...] = ()) -> RunResult:
     """Run pytest on `targets` (files or node ids) in `box`; never raises for failing tests."""
     out = f"{MINE_DIR}/out-{secrets.token_hex(4)}.jsonl"
-    env = dict(TEST_ENV, TOOLGYM_MINE_OUT=f"/workspace/{out}")
+    env = dict(TEST_ENV, TOOLGYM_MINE_OUT=f"/workspace/{out}", TOOLGYM_MINE_PYC=f"/tmp/.toolgym-pyc-{secrets.token_hex(4)}")
     if cover:
         env["TOOLGYM_MINE_COVER"] = "/workspace" if import_root == "." else f"/workspace/{import_root}"
         env["TOOLGYM_MINE_TESTS"] = ":".join(test_dirs)
-    # no bytecode read or written: a mutant and the pristine file can differ by one character in
-    # the same second, and a cached .pyc keyed by (mtime, size) would then run the wrong code
-    cmd = (f"python3 -I -B -X pycache_prefix=/tmp/.toolgym-pyc-{secrets.token_hex(4)} {MINE_DIR}/run.py -c {MINE_DIR}/pytest.ini --rootdir /workspace -p no:cacheprovider -q "
+    cmd = (f"python3 -I -B {MINE_DIR}/run.py -c {MINE_DIR}/pytest.ini --rootdir /workspace -p no:cacheprovider -q "
            "--no-header -rN " + " ".join(shlex.quote(t) for t in targets))
     res = box.exec(cmd, timeout_s=timeout_s, env=env)
     result = RunResult(timed_out=res.timed_out, exit_code=res.exit_code, duration_s=res.duration_s,

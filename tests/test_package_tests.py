@@ -180,3 +180,29 @@ def test_a_missing_site_layer_is_an_infra_error_with_the_fix(task):
     broken = task.model_copy(update={"data": {"site_layer": "never-built-layer"}})
     verdict = PackageTestVerifier().verify(broken, FinalState())
     assert verdict.outcome == Outcome.INFRA_ERROR and "toolgym tasks mine" in verdict.reason
+
+
+def test_the_grader_never_reads_workspace_bytecode(backend):
+    """A `__pycache__` entry whose header matches the source (same mtime and size) but whose code
+    differs is used by a plain interpreter, and never by the grader's start-up."""
+    from toolgym.sandbox import make_sandbox
+    from toolgym.verifiers.package_tests import pytest_command
+
+    workspace = {"m.py": "VALUE = 1\n",
+                 "test_m.py": "import sys\nimport m\n\ndef test_source_is_used():\n    assert m.VALUE == 1\n\n"
+                              "def test_prefix_is_empty_dir():\n"
+                              "    assert sys.pycache_prefix.startswith('/tmp/.toolgym-pyc-')\n",
+                 "grade.ini": "[pytest]\npythonpath = /workspace\n"}
+    plant = ("python3 -c \"import importlib._bootstrap_external as b, os, importlib.util; st = os.stat('m.py'); "
+             "code = compile('VALUE = 2\\n', '/workspace/m.py', 'exec'); os.makedirs('__pycache__', exist_ok=True); "
+             "open(importlib.util.cache_from_source('m.py'), 'wb').write(b._code_to_timestamp_pyc(code, st.st_mtime, "
+             "st.st_size))\"")
+    with make_sandbox(workspace, SandboxConfig(backend=backend, canary=False)) as box:
+        assert box.exec(plant).exit_code == 0
+        # the planted bytecode is live: a plain interpreter runs it instead of the source
+        plain = box.exec("python3 -c 'import m; print(m.VALUE)'")
+        assert plain.stdout.strip() == "2", plain.stderr
+        graded = box.exec(pytest_command("-c grade.ini --rootdir /workspace -p no:cacheprovider -q test_m.py"),
+                          env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+        assert graded.exit_code == 0, graded.stdout + graded.stderr
+        assert "2 passed" in graded.stdout

@@ -8,8 +8,10 @@ apply: the test process runs agent code. What this grading does:
   `sitecustomize`, `pyproject.toml`/`setup.cfg`/`tox.ini` edits are dropped and reported as
   tampering. The process is `python3 -I` (no `PYTHON*` variables, no user site, no cwd on the
   path) with plugin autoload off, the grader's own ini (`-c`; the project's addopts never apply),
-  no cache provider, no bytecode read or written (`-B`, an empty `pycache_prefix`: a planted
-  `__pycache__` is never used), a read-only root filesystem.
+  no cache provider, no bytecode written (`-B`) and none read from the workspace: pytest and its
+  built-in plugins load first, from the read-only root with its own bytecode, then
+  `sys.pycache_prefix` points at an empty directory, so a planted `__pycache__` is never used
+  (`pytest_command`); a read-only root filesystem.
 - **One process per hidden test file, each from the same starting state.** The workspace is
   restored between runs, so one run's code cannot rewrite the next run's tests.
 - **Grading copies, not the visible tests.** Each run executes a copy of a pristine test file in
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import posixpath
 import secrets
+import shlex
 import time
 import xml.etree.ElementTree as ET
 
@@ -42,6 +45,33 @@ from toolgym.verifiers.grading import grading_sandbox
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
 TEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+
+
+#: The grader's Python start-up: pytest, its built-in plugins and the report's XML module load
+#: from the read-only root filesystem with the image's own bytecode (compiling them from source
+#: took 0.35 s per process); then `sys.pycache_prefix` points at an empty directory, so every
+#: later import (the workspace, the tests) compiles from source: no bytecode planted in the
+#: workspace, or left by an earlier run, is ever read. `-I` keeps the workspace off the path
+#: until pytest puts it there.
+PYTEST_PRELOAD = """import importlib, sys
+import pytest
+from _pytest.config import default_plugins
+for _name in default_plugins:
+    try:
+        importlib.import_module("_pytest." + _name)
+    except ImportError:
+        pass
+import pdb, xml.etree.ElementTree
+"""
+PYTEST_BOOT = PYTEST_PRELOAD + """sys.pycache_prefix = sys.argv.pop(1)
+sys.argv[0] = "pytest"
+raise SystemExit(pytest.console_main())
+"""
+
+
+def pytest_command(args: str) -> str:
+    """Shell command running `pytest ARGS` under the grader's start-up (see `PYTEST_BOOT`)."""
+    return f"python3 -I -B -c {shlex.quote(PYTEST_BOOT)} /tmp/.toolgym-pyc-{secrets.token_hex(4)} {args}"
 
 
 def pytest_ini(pythonpath: tuple[str, ...]) -> str:
@@ -103,12 +133,11 @@ class PackageTestVerifier:
                     box.restore(snap)
                 seen = len(box.events())
                 report = f".toolgym-results-{secrets.token_hex(6)}/junit.xml"
-                # -B and an empty pycache prefix: no bytecode is written, and none planted in the
-                # workspace (`__pycache__`) or left by an earlier run is ever read (mtimes have a
-                # one-second grain: a same-size edit in the same second would reuse stale code)
-                cmd = (f"python3 -I -B -X pycache_prefix=/tmp/.toolgym-pyc-{secrets.token_hex(4)} -m pytest -c {ini} "
-                       "--rootdir /workspace -p no:cacheprovider -q --no-header "
-                       f"-o junit_family=xunit1 --junitxml={report} {names[run.file]}")
+                # no bytecode is written, and none planted in the workspace (`__pycache__`) or
+                # left by an earlier run is ever read (mtimes have a one-second grain: a same-size
+                # edit in the same second would reuse stale code); see PYTEST_BOOT
+                cmd = pytest_command(f"-c {ini} --rootdir /workspace -p no:cacheprovider -q --no-header "
+                                     f"-o junit_family=xunit1 --junitxml={report} {names[run.file]}")
                 res = box.exec(cmd, timeout_s=hidden.timeout_s, env=TEST_ENV)
                 tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"}
                            for e in box.events()[seen:]]
@@ -154,4 +183,4 @@ class PackageTestVerifier:
                        duration_s=time.perf_counter() - start, details={"side_effects": tamper})
 
 
-__all__ = ["PackageTestVerifier", "junit_keys", "pytest_ini"]
+__all__ = ["PYTEST_PRELOAD", "PackageTestVerifier", "junit_keys", "pytest_command", "pytest_ini"]
