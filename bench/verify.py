@@ -34,11 +34,14 @@ def oracle_state(task) -> FinalState:
 def run(backend: str, tasks: list, workers: int) -> dict:
     config = SandboxConfig(backend=backend)
     latencies: list[float] = []
+    stages: dict[str, list[float]] = {}
 
     def one(task):
         t = time.perf_counter()
         verdict = verifier_for(task, config).verify(task, oracle_state(task))
         latencies.append(time.perf_counter() - t)
+        for stage, seconds in verdict.details.get("stages_s", {}).items():
+            stages.setdefault(stage, []).append(seconds * 1000)
         return verdict.outcome
 
     start = time.perf_counter()
@@ -48,7 +51,8 @@ def run(backend: str, tasks: list, workers: int) -> dict:
     lat = np.array(latencies) * 1000
     return {"workers": workers, "tasks": len(tasks), "wall_s": wall, "tasks_per_s": len(tasks) / wall,
             "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
-            "passed": sum(o == Outcome.PASSED for o in outcomes)}
+            "passed": sum(o == Outcome.PASSED for o in outcomes),
+            "stages_p50_ms": {k: float(np.percentile(v, 50)) for k, v in stages.items()}}
 
 
 def main() -> None:
@@ -72,6 +76,9 @@ def main() -> None:
               f"{seq['wall_s']:.1f} s for {seq['tasks']} tasks ({seq['passed']} passed) | 8 in parallel: "
               f"{par['wall_s']:.1f} s (p50 {par['p50_ms']:.0f} ms, {par['passed']} passed) | "
               f"ratio {out[backend]['speedup']:.2f}x")
+        if seq["stages_p50_ms"]:
+            print("       where one verification's time goes (p50): " + ", ".join(
+                f"{k.replace('_', ' ')} {v:.0f} ms" for k, v in seq["stages_p50_ms"].items()))
     remover().drain()
     write_results(args.out, out)
 

@@ -117,6 +117,8 @@ class SandboxConfig(BaseModel):
     site_layer: str | None = Field(default=None, description="a host directory of installed Python packages mounted "
                                    "read-only at SITE_LAYER_MOUNT (a task's dependencies, built once on the host: "
                                    "episodes and grading need no network)")
+    resident: bool = Field(default=True, description="bwrap: run commands through one resident init per "
+                           "sandbox state (a fork per exec) instead of a fresh bwrap per command")
 
 
 class ExecResult(BaseModel):
@@ -211,6 +213,12 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release everything; leaves no process, mount, container or temp dir behind."""
+
+    def host_channel(self) -> tuple[Path, str, int | None]:
+        """A directory both sides see: (its host path, its path inside, the host uid the sandbox's
+        processes run as, or None for the harness's own). For the grader's long-lived services
+        (`verifiers/judge.py`); files the host puts there must be readable by that uid."""
+        raise NotImplementedError(f"{type(self).__name__} has no host channel")
 
     # ---- shared behaviour ------------------------------------------------------------------------
 

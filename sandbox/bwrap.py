@@ -14,9 +14,15 @@ Layout inside the sandbox (all namespaces unshared, no network, uid 1000):
   /tmp                     a per-sandbox scratch directory
   /.toolgym                the event log the observation shim and exec wrapper append to
 
-Each `exec` is a fresh bwrap process (6-8 ms) over the same upper layers, so state persists
-across commands while processes do not: the wrapper records and kills anything a command leaves
-running. Limits come from a per-sandbox cgroup where writable, else from rlimits.
+Commands run through a resident init (`resident.py`): one bwrap per sandbox state whose PID 1
+forks each command under the exec wrapper, so an exec is a fork and a wait (about a millisecond)
+rather than a sandbox start (6-8 ms). State persists across commands while processes do not: the
+wrapper records anything a command leaves running and the init kills and reaps every process
+before it answers. Reset and restore stop the init (the overlay is mounted while it lives); the
+next exec starts a new one. A second exec while one runs, a root filesystem without Python, or
+`SandboxConfig.resident=False` take the older path: a fresh bwrap per command over the same
+upper layers, whose pid namespace dies with it. Limits come from a per-sandbox cgroup where
+writable, else from rlimits.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from toolgym.sandbox.base import (SITE_LAYER_MOUNT, WORKSPACE, Capabilities, Exe
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
-from toolgym.sandbox.native import decoy_bin, observe_shim, shared_bwrap, wrapper_script
+from toolgym.sandbox.native import decoy_bin, init_script, observe_shim, shared_bwrap, wrapper_script
+from toolgym.sandbox.resident import INIT_MOUNT, PYTHON, Resident, ResidentDied
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_workspace_changes)
 
@@ -138,18 +145,30 @@ class Collected:
 
 
 def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, kill) -> Collected:
+    """Read a process's stdout/stderr (bounded) and wait for its exit (see `collect_fds`)."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        return collect_fds(proc.stdout.fileno(), proc.stderr.fileno(), pidfd,  # type: ignore[union-attr]
+                           timeout_s, keep, kill_at, kill)
+    finally:
+        os.close(pidfd)
+
+
+def collect_fds(out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: int, kill_at: int,
+                kill) -> Collected:
     """Read stdout/stderr (bounded) and wait for exit in one select loop, with a deadline.
 
-    No helper threads and no polling sleeps: a pidfd wakes the loop the moment the process exits.
-    `kill()` is called on timeout or when output passes `kill_at` bytes.
+    No helper threads and no polling sleeps: `exit_fd` (a pidfd, or the resident init's socket,
+    which it answers on) wakes the loop the moment the command exits. `kill()` is called on
+    timeout or when output passes `kill_at` bytes.
     """
     res = Collected()
     sel = selectors.DefaultSelector()
-    streams = {proc.stdout: "out", proc.stderr: "err"}
+    streams = {out_fd: "out", err_fd: "err"}
     for stream in streams:
-        os.set_blocking(stream.fileno(), False)
+        os.set_blocking(stream, False)
         sel.register(stream, selectors.EVENT_READ)
-    pidfd = os.pidfd_open(proc.pid)
+    pidfd = exit_fd
     sel.register(pidfd, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout_s
     exited = False
@@ -170,7 +189,7 @@ def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, k
                     continue
                 stream = key.fileobj
                 try:
-                    chunk = os.read(stream.fileno(), 65536)
+                    chunk = os.read(stream, 65536)  # type: ignore[arg-type]
                 except BlockingIOError:
                     continue
                 if not chunk:
@@ -189,7 +208,6 @@ def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, k
                     kill()
     finally:
         sel.close()
-        os.close(pidfd)
     return res
 
 
@@ -213,6 +231,8 @@ class BwrapSandbox(Sandbox):
         self.closed = False
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        self._resident: Resident | None = None
+        self._resident_busy = threading.Lock()  # one command at a time through the init
         self.pristine = self.state / "pristine"
         owner = (self.run_as, self.run_as) if self.run_as is not None else None
         fs.write_files(self.pristine, workspace or {}, owner=owner)  # the agent may edit its files
@@ -231,6 +251,7 @@ class BwrapSandbox(Sandbox):
         self._ro_binds = [d for d in ROOT_DIRS if (self.rootfs / d).is_dir() and not (self.rootfs / d).is_symlink()]
         self._links = [d for d in ROOT_DIRS if (self.rootfs / d).is_symlink()]
         self._snapshots: dict[str, Path] = {}
+        self.use_resident = self.config.resident and (self.rootfs / PYTHON.lstrip("/")).exists()
         self._fresh_layers()
 
     # ---- layers ------------------------------------------------------------------------------------
@@ -249,9 +270,10 @@ class BwrapSandbox(Sandbox):
         s = self.state
         self._own(s / "upper", s / "work", s / "tmp", s / "log", s / "log" / "events")
 
-    def _args(self, cwd: str, env: dict[str, str] | None) -> list[str]:
+    def _mounts(self) -> list[str]:
+        """bwrap's namespace and filesystem arguments (both exec paths)."""
         s = self.state
-        args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--uid", str(SANDBOX_UID),
+        args = ["--unshare-all", "--new-session", "--uid", str(SANDBOX_UID),
                 "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
         for d in self._ro_binds:  # read-only: writes fail (EROFS) and the shim records the attempt
             args += ["--ro-bind", str(self.rootfs / d), f"/{d}"]
@@ -271,17 +293,32 @@ class BwrapSandbox(Sandbox):
                  "--bind", str(s / "log"), LOG_DIR,
                  "--ro-bind", str(self.wrapper), "/.toolgym-wrapper.sh",
                  "--ro-bind", str(decoy_bin()), "/.toolgym-bin"]
+        if self.shim is not None:
+            args += ["--ro-bind", str(self.shim), "/.toolgym-observe.so"]
+        return args
+
+    def _variables(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The whole environment of a command (nothing of the harness's leaks in)."""
         variables = {"PATH": "/.toolgym-bin:" + PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_ULIMITS": self._ulimits(),
                      "TOOLGYM_LOG_DIR": LOG_DIR, "TOOLGYM_WORKSPACE": WORKSPACE, "TOOLGYM_CANARY": CANARY_PATH}
         if self.shim is not None:
-            args += ["--ro-bind", str(self.shim), "/.toolgym-observe.so"]
             variables["LD_PRELOAD"] = "/.toolgym-observe.so"
         variables.update(env or {})
-        args.append("--clearenv")
-        for k, v in variables.items():
+        return variables
+
+    def _args(self, cwd: str, env: dict[str, str] | None) -> list[str]:
+        """A fresh bwrap for one command (the path without the resident init)."""
+        args = [self.bwrap, "--die-with-parent"] + self._mounts() + ["--clearenv"]
+        for k, v in self._variables(env).items():
             args += ["--setenv", k, v]
-        args += ["--chdir", cwd]
-        return args
+        return args + ["--chdir", cwd]
+
+    def _resident_args(self) -> list[str]:
+        """bwrap for the resident init: PID 1 itself, an empty environment (each command brings
+        its own). No --die-with-parent: that ties bwrap to the harness thread that started it; the
+        init ends when the host's end of its socket closes instead, harness death included."""
+        return [self.bwrap, "--as-pid-1"] + self._mounts() + [
+            "--ro-bind", str(init_script()), INIT_MOUNT, "--clearenv", "--setenv", "PATH", PATH, "--chdir", "/"]
 
     def _ulimits(self) -> str:
         """rlimits the in-sandbox wrapper applies before the command (dash: -f in 512-byte blocks,
@@ -293,12 +330,14 @@ class BwrapSandbox(Sandbox):
             flags += [f"-v {lim.memory_mb << 10}", f"-u {mine + lim.pids}"]
         return ",".join(flags)
 
-    def _spawn(self, args: list[str], with_stdin: bool) -> subprocess.Popen:
+    def _spawn(self, args: list[str], with_stdin: bool, pass_fds: tuple[int, ...] = (),
+               pipes: bool = True) -> subprocess.Popen:
         def start(argv: list[str]) -> subprocess.Popen:
             # bwrap's own environment is visible inside as /proc/1/environ: give it none of ours.
+            out = subprocess.PIPE if pipes else subprocess.DEVNULL
             try:
                 return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                        stdout=out, stderr=out, start_new_session=True, pass_fds=pass_fds,
                                         env={"PATH": PATH}, **_as_user(self.run_as))
             except OSError as err:
                 raise SandboxInfraError(f"cannot start bwrap: {err}") from None
@@ -334,6 +373,18 @@ class BwrapSandbox(Sandbox):
         """Run `cmd` under `/bin/sh -c`; output capped, whole process tree killed on timeout."""
         self._check_open()
         timeout = timeout_s or self.limits.timeout_s
+        resident = self._claim_resident()
+        if resident is not None:
+            try:
+                return self._exec_resident(resident, cmd, timeout, cwd, env, stdin)
+            except ResidentDied:
+                # the init never took the command (it did not come up): a fresh bwrap runs it,
+                # and if bwrap cannot start either, its own error says why
+                with self._lock:
+                    self._resident = None
+                resident.close()
+            finally:
+                self._resident_busy.release()
         counters = self.cgroup.counters() if self.cgroup else {}
         # The wrapper's first stderr line is STARTED_MARK, written before the command runs: a run
         # without it failed while the sandbox was being set up (ours, not the agent's doing).
@@ -352,30 +403,122 @@ class BwrapSandbox(Sandbox):
         got = collect(proc, timeout, self.limits.output_bytes, self.limits.output_kill_bytes,
                       lambda: self._kill_proc(proc))
         code = proc.wait()
+        with self._lock:
+            self._procs.discard(proc)
+        self._check_started(got)
+        # bwrap's exit tears the pid namespace down (the kernel kills what is left, asynchronously):
+        # wait for the cgroup to drain so no process outlives the exec, even for a moment.
+        # (While the resident init runs a command, its processes share the cgroup: no drain then.)
+        if self.cgroup is not None and not self._resident_busy.locked():
+            deadline = time.monotonic() + 1
+            while self._others_in_cgroup() and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            for pid in self._others_in_cgroup():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return self._result(got, code, start, counters)
+
+    def _others_in_cgroup(self) -> list[int]:
+        """Processes in the sandbox's cgroup other than an idle resident init and its bwrap."""
+        with self._lock:
+            resident = self._resident
+        mine = {resident.proc.pid, resident.init_pid} if resident is not None and resident.alive() else set()
+        return [pid for pid in self.cgroup.pids() if pid not in mine] if self.cgroup is not None else []
+
+    def _check_started(self, got: Collected) -> None:
+        """Strip the wrapper's start mark; a run without it failed before the command (ours)."""
         started = got.err.startswith(STARTED_MARK.encode() + b"\n")
         if started:
             del got.err[: len(STARTED_MARK) + 1]
             got.total_err -= len(STARTED_MARK) + 1
-        with self._lock:
-            self._procs.discard(proc)
         if self.closed or getattr(self, "closing", False):  # killed by close(): not the command's result
             raise SandboxInfraError("sandbox is closed")
         if not started:
             raise SandboxInfraError(f"bwrap could not start the command: {got.err.decode(errors='replace').strip()[-300:]}")
-        # bwrap's exit tears the pid namespace down (the kernel kills what is left, asynchronously):
-        # wait for the cgroup to drain so no process outlives the exec, even for a moment.
-        if self.cgroup is not None:
-            deadline = time.monotonic() + 1
-            while self.cgroup.pids() and time.monotonic() < deadline:
-                time.sleep(0.0005)
-            if self.cgroup.pids():
-                self.cgroup.kill_all()
+
+    def _result(self, got: Collected, code: int, start: float, counters: dict[str, int]) -> ExecResult:
         result = ExecResult(exit_code=code if code >= 0 else 128 - code,
                             stdout=got.out.decode("utf-8", errors="replace"),
                             stderr=got.err.decode("utf-8", errors="replace"), truncated=got.truncated,
                             timed_out=got.timed_out, duration_s=time.perf_counter() - start)
         self._observe(result, counters, got.overflow)
         return result
+
+    # ---- the resident init (see resident.py) ------------------------------------------------------
+
+    def _claim_resident(self) -> Resident | None:
+        """The running init, started if needed and reserved for one command; None when this
+        exec takes a fresh bwrap (resident off, or another command is running)."""
+        if not self.use_resident or not self._resident_busy.acquire(blocking=False):
+            return None
+        try:
+            with self._lock:
+                resident = self._resident
+            if resident is None or not resident.alive():
+                if resident is not None:  # stopped by the host between commands (kill_all)
+                    resident.close()
+                resident = Resident(lambda argv, fds: self._spawn(argv, False, fds, pipes=False),
+                                    self._resident_args())
+                with self._lock:
+                    self._resident = resident
+            return resident
+        except ResidentDied:
+            self._resident_busy.release()
+            return None  # the fresh-bwrap path runs the command and reports why it cannot start
+        except BaseException:
+            self._resident_busy.release()
+            raise
+
+    def _exec_resident(self, resident: Resident, cmd: str, timeout: float, cwd: str, env: dict[str, str] | None,
+                       stdin: str | None) -> ExecResult:
+        counters = self.cgroup.counters() if self.cgroup else {}
+        variables = self._variables({**(env or {}), "TOOLGYM_STARTED_MARK": STARTED_MARK})
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
+        start = time.perf_counter()
+        try:
+            try:
+                resident.send(cmd, cwd, variables, (in_r, out_w, err_w))  # ResidentDied: the caller retries
+            finally:
+                for fd in (in_r, out_w, err_w):
+                    os.close(fd)
+            if in_w is not None:
+                try:
+                    os.set_blocking(in_w, True)
+                    with open(in_w, "wb", closefd=False) as feed:
+                        feed.write(stdin.encode())  # type: ignore[union-attr]
+                except BrokenPipeError:
+                    pass
+                finally:
+                    os.close(in_w)
+                    in_w = None
+            got = collect_fds(out_r, err_r, resident.sock.fileno(), timeout, self.limits.output_bytes,
+                              self.limits.output_kill_bytes, resident.request_kill)
+            try:
+                code = resident.answer()
+            except ResidentDied as died:
+                code = self._resident_died(resident, counters, died)
+        finally:
+            for fd in (out_r, err_r) + ((in_w,) if in_w is not None else ()):
+                os.close(fd)
+        self._check_started(got)
+        return self._result(got, code, start, counters)
+
+    def _resident_died(self, resident: Resident, counters: dict[str, int], died: ResidentDied) -> int:
+        """The init ended during a command: killed by the host (kill_all, close) or by the memory
+        limit (the command's doing: its result says so), else an infra error (ours)."""
+        stopped = resident.stopped
+        resident.stop()
+        resident.wait()  # its socket is closed by whoever replaces or drops it
+        if self.closed or getattr(self, "closing", False):
+            raise SandboxInfraError("sandbox is closed")
+        oom = self.cgroup is not None and self.cgroup.counters().get("oom", 0) > counters.get("oom", 0)
+        if stopped or oom:
+            return -signal.SIGKILL  # as a command whose fresh bwrap was killed
+        raise SandboxInfraError(str(died))
 
     def _kill_proc(self, proc: subprocess.Popen) -> None:
         try:
@@ -473,29 +616,59 @@ class BwrapSandbox(Sandbox):
         except FileNotFoundError as err:
             raise SandboxError(f"cannot read {path}: {err}") from None
 
+    def host_channel(self) -> tuple[Path, str, int | None]:
+        """The sandbox's /tmp: a host directory bound in (not the overlay)."""
+        return self.state / "tmp", "/tmp", self.run_as
+
     def kill_all(self) -> int:
-        """Kill every running exec (its whole namespace) and anything left in the cgroup."""
+        """Kill every running exec (its whole namespace), the resident init, and anything left in
+        the cgroup."""
         with self._lock:
             procs = list(self._procs)
+            resident = self._resident
+        busy = self._resident_busy.locked()
         for proc in procs:
             self._kill_proc(proc)
         killed = len(procs)
+        if resident is not None and resident.alive():
+            resident.stop()
+            killed += int(busy)  # an idle init is not a command that was running
         if self.cgroup is not None:
             killed += self.cgroup.kill_all()
         return killed
 
     def live_processes(self) -> list[str]:
-        """Running execs (each a pid namespace: its processes die with it) and, where there is
-        one, every process in the sandbox's cgroup."""
+        """Running execs (each a pid namespace: its processes die with it), the resident init
+        while it runs a command, and, where there is one, every process in the sandbox's cgroup
+        but an idle init (machinery of the sandbox, like its directories: no command's process)."""
         with self._lock:
             running = [f"bwrap {p.pid}" for p in self._procs if p.poll() is None]
-        return running + ([f"cgroup {pid}" for pid in self.cgroup.pids()] if self.cgroup is not None else [])
+            resident = self._resident
+        if resident is not None and resident.alive() and self._resident_busy.locked():
+            running.append(f"resident init {resident.proc.pid} (running a command)")
+        return running + [f"cgroup {pid}" for pid in self._others_in_cgroup()]
+
+    def _drop_resident(self) -> None:
+        """Stop the init and wait for it: the layers are about to change under its mount."""
+        with self._lock:
+            resident, self._resident = self._resident, None
+        if resident is None:
+            return
+        resident.stop()
+        resident.wait()
+        # a command's thread may still be reading the end from the socket: close it after that
+        if self._resident_busy.acquire(timeout=5):
+            try:
+                resident.sock.close()
+            finally:
+                self._resident_busy.release()
 
     def reset(self) -> None:
         """Kill everything, drop every upper layer, clear /tmp and the ledger: milliseconds.
         Proves no process of the previous episode remains (`SandboxInfraError` otherwise)."""
         self._check_open()
         self.kill_all()
+        self._drop_resident()  # after this, every process in the cgroup counts
         deadline = time.monotonic() + 2
         while (left := self.live_processes()) and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -521,6 +694,7 @@ class BwrapSandbox(Sandbox):
         """Make a snapshot the current workspace (upper layers dropped)."""
         snapshot = self._snapshot_path(snapshot_id)
         self.kill_all()
+        self._drop_resident()
         self.lower = snapshot
         for name in ("upper", "work"):
             fs.empty_dir(self.state / name)
@@ -533,6 +707,7 @@ class BwrapSandbox(Sandbox):
                 return
             self.closing = True  # from now on every call fails as closed, even mid-exec
         self.kill_all()
+        self._drop_resident()
         if self.cgroup is not None:
             self.cgroup.remove()
         fs.remove_tree(self.state)

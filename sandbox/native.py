@@ -70,6 +70,21 @@ def wrapper_script() -> Path:
     return path
 
 
+@lru_cache(maxsize=1)
+def init_script() -> Path:
+    """Path of the resident init (`_native/init.py`, a file the sandboxes bind read-only)."""
+    data = _source("init.py")
+    path = CACHE / f"init-{hashlib.sha256(data).hexdigest()[:12]}.py"
+    with _BUILD_LOCK:
+        if not path.exists():
+            _make_cache()
+            tmp = _temp_name(path)
+            tmp.write_bytes(data)
+            os.chmod(tmp, 0o644)
+            _publish(tmp, path)
+    return path
+
+
 DECOYS = ("sudo", "su", "doas", "pkexec", "mount", "umount", "nsenter", "unshare", "chroot", "capsh", "setcap",
           "insmod", "modprobe")
 

@@ -72,8 +72,11 @@ def test_cached_helper_removed_mid_run_is_infra_error():
         path = wrapper_script()
         if os.path.exists(str(path) + ".away"):
             os.rename(str(path) + ".away", path)
+    # the episode's own sandbox holds its binds (its resident init keeps running), so the next
+    # sandbox to start, the grader's, is the one that fails: still ours, never the agent's
     assert traj.outcome == Outcome.INFRA_ERROR, (traj.outcome, traj.error)
-    assert "could not start" in traj.error
+    why = traj.error or (traj.verdict.reason if traj.verdict else "")
+    assert "could not start" in why, why
 
 
 def test_agent_errors_stay_agent_errors(backend):

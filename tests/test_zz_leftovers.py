@@ -13,6 +13,12 @@ def test_nothing_left_behind():
 
     gc.collect()  # sandboxes dropped without close() are closed by their finalizers
     from toolgym.sandbox import docker_backend
+    from toolgym.verifiers.judge import close_services
+
+    # what lives as long as the process (judge services, shared warm pools) is closed at exit:
+    # close it now, as exit would, and check that closing leaves nothing either
+    close_services()
+    docker_backend.close_shared_pools()
 
     if docker_backend._REMOVER is not None:
         docker_backend._REMOVER.drain()

@@ -19,9 +19,15 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
     """A fresh sandbox from the pristine state with the agent's changes applied (and the
     grader's own `extra` files, written in the same round trip); returns it and the protected
     paths whose changes were dropped. Nothing of the agent's runs here until the grader says so.
-    `pool`: a docker `WarmPool` of started containers for this config (faster start)."""
+    `pool`: a docker `WarmPool` of started containers for this config (default: the process's
+    shared pool for it; a container is used once, never reused)."""
     keep, dropped = split_changes(changes, tuple(task.hidden.protected))
-    box = make_sandbox(dict(task.workspace), config.model_copy(update={"canary": False}), pool=pool)
+    config = config.model_copy(update={"canary": False})
+    if pool is None and config.backend == "docker":
+        from toolgym.sandbox.docker_backend import shared_pool
+
+        pool = shared_pool(config)
+    box = make_sandbox(dict(task.workspace), config, pool=pool)
     try:
         deletes = [p for p, t in keep.items() if t is None]
         if deletes:

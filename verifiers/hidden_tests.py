@@ -14,7 +14,8 @@ filesystem that neither decide nor report the results. Grading has two stages:
    agent file, no process that ran agent code). Real pytest runs isolated (`-I`, plugin
    autoload off, our ini, no cache) and writes JUnit XML, which the host reads from the host's
    side of the filesystem. Values are parsed with `ast.literal_eval`, so nothing from sandbox
-   A executes in the judge.
+   A executes in the judge. Sandbox B is long-lived (`judge.py`): pytest is imported once and
+   each judgement runs in its own forked process and directory.
 
 Both sandboxes have a read-only root filesystem. A sentinel test that must fail and a count of
 the hidden tests guard against a judge that did not really run.
@@ -30,9 +31,10 @@ import xml.etree.ElementTree as ET
 from importlib import resources
 from typing import Callable
 
-from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, make_sandbox
+from toolgym.sandbox import SandboxConfig, SandboxError
 from toolgym.tasks import Task
 from toolgym.verifiers.grading import grading_sandbox
+from toolgym.verifiers.judge import JudgeService, judge_service
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
 SENTINEL = "test_toolgym_sentinel"
@@ -40,7 +42,6 @@ SENTINEL_FILE = "test_toolgym_sentinel.py"
 SENTINEL_CODE = f"def {SENTINEL}():\n    assert 1 == 2, 'this test must fail; if it passes, results were forged'\n"
 JUDGE_INI = "[pytest]\npythonpath = .\n"
 RESULTS_FILE = "probe_results.json"
-JUDGE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def grader_source(name: str) -> str:
@@ -98,33 +99,33 @@ class HiddenTestVerifier:
             return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR, duration_s=0.0,
                            reason=f"task {task.id} has hidden tests but no probes: hidden tests judge probe results "
                                   "and never import the agent's code (see HiddenSpec)")
-        judge_box: dict[str, Sandbox | Exception] = {}
-        builder = threading.Thread(target=self._build_judge, args=(task, judge_box), daemon=True)
-        builder.start()  # the judge sandbox starts while the probes run
+        judge: dict[str, JudgeService | Exception] = {}
+        builder = threading.Thread(target=self._start_judge, args=(judge,), daemon=True)
+        builder.start()  # on first use the judge service starts while the probes run
+        stages: dict[str, float] = {}  # where the time went (the verdict's details carry it)
         try:
-            outcome = self._run_probes(task, final_state)
+            outcome = self._run_probes(task, final_state, stages)
         finally:
             builder.join()
         tamper = outcome.pop("tamper")
-        box = judge_box.get("box")
-        if "error" in outcome or not isinstance(box, Sandbox):
-            if isinstance(box, Sandbox):
-                box.close()
-            reason = outcome.get("error") or f"could not build the judge sandbox: {judge_box.get('error')}"
+        service = judge.get("service")
+        if "error" in outcome or not isinstance(service, JudgeService):
+            reason = outcome.get("error") or f"could not build the judge sandbox: {judge.get('error')}"
             return self._verdict(0.0, False, Outcome.INFRA_ERROR, [], reason, start, tamper)
-        try:
-            return self._judge(task, box, outcome, tamper, start)
-        finally:
-            box.close()
+        judged = time.perf_counter()
+        verdict = self._judge(task, service, outcome, tamper, start)
+        verdict.details["stages_s"] = {**stages, "judge": time.perf_counter() - judged}
+        return verdict
 
     # ---- stage 1: probes in the agent's graded workspace ----------------------------------------
 
-    def _run_probes(self, task: Task, final_state: FinalState) -> dict:
+    def _run_probes(self, task: Task, final_state: FinalState, stages: dict[str, float]) -> dict:
         hidden = task.hidden
         probe_dir = f".toolgym-probe-{secrets.token_hex(6)}"
         spec = {"per_probe_s": min(10.0, hidden.timeout_s / 2),
                 "probes": [p.model_dump() for p in hidden.probes]}
         extra = {f"{probe_dir}/run.py": grader_source("probe_runner.py"), f"{probe_dir}/probes.json": json.dumps(spec)}
+        built = time.perf_counter()
         try:
             box, dropped = grading_sandbox(task, final_state.changes, self.config, final_state.modes, extra)
         except (SandboxError, OSError) as err:
@@ -135,7 +136,10 @@ class HiddenTestVerifier:
             if self.on_sandbox:
                 self.on_sandbox(box)
             seen = len(box.events())
+            ran = time.perf_counter()
+            stages["probe_sandbox"] = ran - built
             res = box.exec(f"python3 -I {probe_dir}/run.py {probe_dir}/probes.json", timeout_s=hidden.timeout_s)
+            stages["probes"] = time.perf_counter() - ran
             if getattr(box, "closed", False) or getattr(box, "closing", False):
                 raise SandboxError("the grading sandbox was closed during grading")
             # What the agent's code did while it was being graded is its side effect too.
@@ -156,25 +160,26 @@ class HiddenTestVerifier:
 
     # ---- stage 2: the judge, where no agent code ever ran ---------------------------------------
 
-    def _build_judge(self, task: Task, out: dict) -> None:
-        files = dict(task.hidden.files)
-        files.update({SENTINEL_FILE: SENTINEL_CODE, "pytest.ini": JUDGE_INI,
-                      "toolgym_probes.py": grader_source("toolgym_probes.py")})
+    def _start_judge(self, out: dict) -> None:
         try:
-            out["box"] = make_sandbox(files, self.config.model_copy(update={"canary": False, "protected": ()}))
-        except (SandboxError, OSError) as err:
-            out["error"] = err
+            out["service"] = judge_service(self.config)
+        except Exception as err:  # whatever stops the judge is ours: an infra error, never the agent's
+            out["error"] = f"{type(err).__name__}: {err}"
 
-    def _judge(self, task: Task, box: Sandbox, probes: dict, tamper: list[dict], start: float) -> Verdict:
+    def _judge(self, task: Task, service: JudgeService, probes: dict, tamper: list[dict], start: float) -> Verdict:
         hidden = task.hidden
-        results_dir = f".toolgym-results-{secrets.token_hex(6)}"
-        cmd = (f"cat > {RESULTS_FILE} && mkdir {results_dir} && python3 -I -m pytest -q -p no:cacheprovider "
-               f"-c pytest.ini --rootdir /workspace --import-mode=importlib --junitxml={results_dir}/junit.xml .")
+        files = dict(hidden.files)
+        files.update({SENTINEL_FILE: SENTINEL_CODE, "pytest.ini": JUDGE_INI,
+                      "toolgym_probes.py": grader_source("toolgym_probes.py"),
+                      RESULTS_FILE: json.dumps(probes["records"])})
         try:
-            res = box.exec(cmd, timeout_s=hidden.timeout_s, env=JUDGE_ENV, stdin=json.dumps(probes["records"]))
-            if res.timed_out:
-                raise SandboxError(f"the judge timed out after {hidden.timeout_s}s")
-            xml_text = box.read_host_bytes(f"{results_dir}/junit.xml").decode("utf-8", errors="replace")
+            res = service.judge(files, hidden.timeout_s)
+            if res.exit_code < 0:
+                raise SandboxError(f"the judge was killed (signal {-res.exit_code}; it times out after "
+                                   f"{hidden.timeout_s}s): {res.output[-200:]}")
+            if res.junit is None:
+                raise SandboxError(f"the judge wrote no report (exit code {res.exit_code}): {res.output[-300:]}")
+            xml_text = res.junit
         except SandboxError as err:
             return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, [], f"the judge failed: {err}", start, tamper)
         try:
@@ -190,7 +195,7 @@ class HiddenTestVerifier:
         expected = count_tests(hidden.files)
         if len(tests) < expected:
             return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, tests, f"only {len(tests)} of {expected} hidden "
-                                 f"tests ran in the judge: {res.stdout[-300:]}", start, tamper)
+                                 f"tests ran in the judge: {res.output[-300:]}", start, tamper)
         passed = sum(t.passed for t in tests)
         ok = passed == len(tests)
         reward = float(ok) if hidden.all_or_nothing else passed / max(1, len(tests))
@@ -199,7 +204,7 @@ class HiddenTestVerifier:
         if timed_out and not ok:
             return self._verdict(0.0, False, Outcome.TIMEOUT, tests, f"the code under test timed out "
                                  f"(limit {hidden.timeout_s}s)", start, tamper)
-        missing = len(hidden.probes) - len(records)
+        missing = len({p.id for p in hidden.probes} - set(records))
         reason = f"{passed}/{len(tests)} hidden tests passed"
         if missing:
             reason += (f"; {missing} of {len(hidden.probes)} probes gave no result (exit code {probes['exit_code']}: "
