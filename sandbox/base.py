@@ -258,6 +258,19 @@ class Sandbox(abc.ABC):
         self.close()
 
 
+#: Bytes of command and environment one exec may carry: the command reaches the exec wrapper as
+#: one argument, and the kernel takes 128 KiB per argument.
+MAX_COMMAND_BYTES = 120 * 1024
+
+
+def check_command_size(cmd: str, env: dict[str, str] | None) -> None:
+    """`SandboxError` (the caller's input, not a sandbox failure) for a command too long to run."""
+    size = len(cmd.encode()) + sum(len(k) + len(v.encode()) for k, v in (env or {}).items())
+    if size > MAX_COMMAND_BYTES:
+        raise SandboxError(f"the command and its environment are {size} bytes; the limit is {MAX_COMMAND_BYTES} "
+                           "(write long content to a file instead)")
+
+
 def workspace_rel(path: str) -> str:
     """Normalise a workspace path; refuses escapes (`..`, absolute paths elsewhere)."""
     p = path.strip()

@@ -40,7 +40,8 @@ from pathlib import Path
 
 from toolgym.sandbox import fs
 from toolgym.sandbox.base import (SITE_LAYER_MOUNT, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, SandboxUnavailable, check_unowned_uid, workspace_rel)
+                                  SandboxInfraError, SandboxUnavailable, check_command_size, check_unowned_uid,
+                                  workspace_rel)
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
@@ -252,7 +253,9 @@ class BwrapSandbox(Sandbox):
         self._links = [d for d in ROOT_DIRS if (self.rootfs / d).is_symlink()]
         self._snapshots: dict[str, Path] = {}
         self.use_resident = self.config.resident and (self.rootfs / PYTHON.lstrip("/")).exists()
+        self._prestart: threading.Thread | None = None
         self._fresh_layers()
+        self._prestart_resident()
 
     # ---- layers ------------------------------------------------------------------------------------
 
@@ -373,6 +376,7 @@ class BwrapSandbox(Sandbox):
         """Run `cmd` under `/bin/sh -c`; output capped, whole process tree killed on timeout."""
         self._check_open()
         timeout = timeout_s or self.limits.timeout_s
+        check_command_size(cmd, env)  # it also bounds one message to the resident init
         resident = self._claim_resident()
         if resident is not None:
             try:
@@ -448,22 +452,51 @@ class BwrapSandbox(Sandbox):
 
     # ---- the resident init (see resident.py) ------------------------------------------------------
 
+    def _prestart_resident(self) -> None:
+        """Start the init in the background (after creation, reset, restore): an agent's first
+        command usually comes a model generation later, so it finds the init up."""
+        if not self.use_resident:
+            return
+
+        def run() -> None:
+            if self._resident_busy.acquire(blocking=False):
+                try:
+                    self._running_resident()
+                except (ResidentDied, SandboxError, OSError):
+                    pass  # the first exec tries again, or takes a fresh bwrap and says why
+                finally:
+                    self._resident_busy.release()
+
+        self._prestart = threading.Thread(target=run, daemon=True, name="toolgym-resident-start")
+        self._prestart.start()
+
+    def _wait_prestart(self) -> None:
+        thread = self._prestart
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+
+    def _running_resident(self) -> Resident:
+        """The init, started if it is not running (the caller holds `_resident_busy`)."""
+        with self._lock:
+            resident = self._resident
+        if resident is None or not resident.alive():
+            if resident is not None:  # stopped by the host between commands (kill_all)
+                resident.close()
+            resident = Resident(lambda argv, fds: self._spawn(argv, False, fds, pipes=False), self._resident_args())
+            with self._lock:
+                self._resident = resident
+        return resident
+
     def _claim_resident(self) -> Resident | None:
         """The running init, started if needed and reserved for one command; None when this
         exec takes a fresh bwrap (resident off, or another command is running)."""
-        if not self.use_resident or not self._resident_busy.acquire(blocking=False):
+        if not self.use_resident:
+            return None
+        self._wait_prestart()  # a starting init is worth waiting for
+        if not self._resident_busy.acquire(blocking=False):
             return None
         try:
-            with self._lock:
-                resident = self._resident
-            if resident is None or not resident.alive():
-                if resident is not None:  # stopped by the host between commands (kill_all)
-                    resident.close()
-                resident = Resident(lambda argv, fds: self._spawn(argv, False, fds, pipes=False),
-                                    self._resident_args())
-                with self._lock:
-                    self._resident = resident
-            return resident
+            return self._running_resident()
         except ResidentDied:
             self._resident_busy.release()
             return None  # the fresh-bwrap path runs the command and reports why it cannot start
@@ -623,6 +656,7 @@ class BwrapSandbox(Sandbox):
     def kill_all(self) -> int:
         """Kill every running exec (its whole namespace), the resident init, and anything left in
         the cgroup."""
+        self._wait_prestart()  # an init being started is killed too, not left behind
         with self._lock:
             procs = list(self._procs)
             resident = self._resident
@@ -650,6 +684,7 @@ class BwrapSandbox(Sandbox):
 
     def _drop_resident(self) -> None:
         """Stop the init and wait for it: the layers are about to change under its mount."""
+        self._wait_prestart()
         with self._lock:
             resident, self._resident = self._resident, None
         if resident is None:
@@ -671,12 +706,13 @@ class BwrapSandbox(Sandbox):
         self._drop_resident()  # after this, every process in the cgroup counts
         deadline = time.monotonic() + 2
         while (left := self.live_processes()) and time.monotonic() < deadline:
-            time.sleep(0.002)
+            time.sleep(0.0005)  # a killed init leaves its cgroup within a millisecond or two
         if left:
             raise SandboxInfraError(f"reset could not end every process of the sandbox: {left[:5]}")
         self.lower = self.pristine
         self._fresh_layers()
         self.ledger.clear()
+        self._prestart_resident()
 
     def snapshot(self) -> str:
         """Materialise the current workspace as a new lower layer; returns its id."""
@@ -699,6 +735,7 @@ class BwrapSandbox(Sandbox):
         for name in ("upper", "work"):
             fs.empty_dir(self.state / name)
         self._own(self.state / "upper", self.state / "work")
+        self._prestart_resident()
 
     def close(self) -> None:
         """Kill everything, remove the cgroup and every temp directory."""

@@ -29,7 +29,8 @@ from typing import Any
 
 from toolgym.sandbox import fs
 from toolgym.sandbox.base import (IMAGE_TAG, SITE_LAYER_MOUNT, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, SandboxUnavailable, check_unowned_uid, host_path, workspace_rel)
+                                  SandboxInfraError, SandboxUnavailable, check_command_size, check_unowned_uid, host_path,
+                                  workspace_rel)
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
@@ -410,6 +411,7 @@ class DockerSandbox(Sandbox):
              stdin: str | None = None) -> ExecResult:
         """Run `cmd` via the wrapper; output capped; killed after `timeout_s`."""
         self._check_open()
+        check_command_size(cmd, env)
         timeout = timeout_s or self.limits.timeout_s
         if stdin is not None:  # docker exec stdin needs a hijacked socket; a file is simpler and safe
             stdin_file = self.slot.state / "log" / "stdin"

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import WORKSPACE_FILES
-from toolgym.sandbox import Limits, SandboxConfig, SandboxInfraError, make_sandbox
+from toolgym.sandbox import Limits, SandboxConfig, SandboxError, SandboxInfraError, make_sandbox
 from toolgym.sandbox.ledger import EffectKind
 
 
@@ -122,3 +122,14 @@ def test_both_paths_run_commands_the_same_way(resident):
         assert sandbox.exec("echo $USER $HOME").stdout == "agent /root\n"
         assert sandbox.exec("sleep 5", timeout_s=1).timed_out
         assert (sandbox._resident is not None) == resident
+
+
+def test_long_commands_run_and_too_long_ones_are_the_callers_error(box):
+    """100 KB runs; past 120 KiB (the kernel takes 128 KiB per argument) the caller gets a
+    SandboxError that says so, never an infra error."""
+    payload = "x" * 100_000
+    res = box.exec(f"v={payload}; echo ${{#v}}")
+    assert res.exit_code == 0 and res.stdout == "100000\n"
+    with pytest.raises(SandboxError, match="limit") as err:
+        box.exec(f"v={payload}{payload}; echo ${{#v}}")
+    assert not isinstance(err.value, SandboxInfraError)

@@ -22,7 +22,8 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
     `pool`: a docker `WarmPool` of started containers for this config (default: the process's
     shared pool for it; a container is used once, never reused)."""
     keep, dropped = split_changes(changes, tuple(task.hidden.protected))
-    config = config.model_copy(update={"canary": False})
+    # a grader runs a command or two per sandbox: a fresh bwrap each beats starting a resident init
+    config = config.model_copy(update={"canary": False, "resident": False})
     if pool is None and config.backend == "docker":
         from toolgym.sandbox.docker_backend import shared_pool
 

@@ -84,10 +84,16 @@ def main():
         if not message:
             kill_the_rest()
             return
-        request = json.loads(message)
+        try:
+            request = json.loads(message)
+        except ValueError:
+            request = {}
+        if "kill" in request and "cmd" not in request:
+            continue  # a kill that came after its command ended
         if "cmd" not in request or len(fds) != 3:
-            for fd in fds:
+            for fd in fds:  # not a command: answer at once (the host sees no start mark: its error)
                 os.close(fd)
+            control.send(json.dumps({"exit": 127}).encode())
             continue
         code = wait_for(start(request, fds))
         kill_the_rest()
