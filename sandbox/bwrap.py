@@ -254,6 +254,7 @@ class BwrapSandbox(Sandbox):
         self._snapshots: dict[str, Path] = {}
         self.use_resident = self.config.resident and (self.rootfs / PYTHON.lstrip("/")).exists()
         self._prestart: threading.Thread | None = None
+        self._stale_layers: list[Path] = []
         self._fresh_layers()
         self._prestart_resident()
 
@@ -265,17 +266,23 @@ class BwrapSandbox(Sandbox):
             for path in paths:
                 os.chown(path, self.run_as, self.run_as)
 
-    def _fresh_layers(self) -> None:
+    def _fresh_layers(self) -> Path | None:
+        """New, empty writable layers (upper, work, /tmp, the event log) in a directory of their
+        own; returns the previous one (to remove once nothing uses it), if any. New directories
+        rather than emptied ones: a reset makes them while the previous init is still dying."""
+        old = getattr(self, "layers", None)
+        self._generation = getattr(self, "_generation", 0) + 1
+        s = self.layers = self.state / f"layers-{self._generation}"
         for name in ("upper", "work", "tmp", "log"):
-            fs.empty_dir(self.state / name)
-        os.chmod(self.state / "tmp", 0o1777)
-        (self.state / "log" / "events").write_text("")
-        s = self.state
-        self._own(s / "upper", s / "work", s / "tmp", s / "log", s / "log" / "events")
+            (s / name).mkdir(parents=True)
+        os.chmod(s / "tmp", 0o1777)
+        (s / "log" / "events").write_text("")
+        self._own(s, s / "upper", s / "work", s / "tmp", s / "log", s / "log" / "events")
+        return old
 
     def _mounts(self) -> list[str]:
         """bwrap's namespace and filesystem arguments (both exec paths)."""
-        s = self.state
+        s = self.layers
         args = ["--unshare-all", "--new-session", "--uid", str(SANDBOX_UID),
                 "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
         for d in self._ro_binds:  # read-only: writes fail (EROFS) and the shim records the attempt
@@ -461,6 +468,7 @@ class BwrapSandbox(Sandbox):
         def run() -> None:
             if self._resident_busy.acquire(blocking=False):
                 try:
+                    self._remove_stale_layers()  # the previous episode's, off the reset's clock
                     self._running_resident()
                 except (ResidentDied, SandboxError, OSError):
                     pass  # the first exec tries again, or takes a fresh bwrap and says why
@@ -563,12 +571,12 @@ class BwrapSandbox(Sandbox):
 
     def _observe(self, result: ExecResult, before: dict[str, int], overflow: bool) -> None:
         led = self.ledger
-        ingest_event_log(self.state / "log" / "events", led)
-        if not (self.state / "log" / "events").exists():
+        ingest_event_log(self.layers / "log" / "events", led)
+        if not (self.layers / "log" / "events").exists():
             led.record(EffectKind.LEDGER_TAMPER, detail="the event log was removed")
-            (self.state / "log" / "events").write_text("")
+            (self.layers / "log" / "events").write_text("")
         check_output(led, self.canary_token, result.stdout, result.stderr)
-        record_workspace_changes(led, fs.upper_changes(self.state / "upper"), set(self._pristine_tree),
+        record_workspace_changes(led, fs.upper_changes(self.layers / "upper"), set(self._pristine_tree),
                                  self.config.protected)
         if self.cgroup is not None:
             after = self.cgroup.counters()
@@ -628,7 +636,7 @@ class BwrapSandbox(Sandbox):
     def files(self) -> dict[str, fs.Entry]:
         """The merged workspace tree, computed on the host from the overlay layers."""
         self._check_open()
-        return fs.merged_tree(self.lower, self.state / "upper")
+        return fs.merged_tree(self.lower, self.layers / "upper")
 
     def pristine_files(self) -> dict[str, fs.Entry]:
         """The pristine workspace tree."""
@@ -639,10 +647,10 @@ class BwrapSandbox(Sandbox):
         command inside the sandbox (nothing in the sandbox can change what is read)."""
         self._check_open()
         rel = workspace_rel(path)
-        entry = fs.merged_tree(self.lower, self.state / "upper").get(rel)
+        entry = fs.merged_tree(self.lower, self.layers / "upper").get(rel)
         if entry is None or entry.kind != "file":
             raise SandboxError(f"cannot read {path}: not a regular file in the workspace")
-        upper = self.state / "upper" / rel
+        upper = self.layers / "upper" / rel
         layer = upper if os.path.lexists(upper) else self.lower / rel
         try:
             return fs.read_regular(layer)
@@ -651,7 +659,7 @@ class BwrapSandbox(Sandbox):
 
     def host_channel(self) -> tuple[Path, str, int | None]:
         """The sandbox's /tmp: a host directory bound in (not the overlay)."""
-        return self.state / "tmp", "/tmp", self.run_as
+        return self.layers / "tmp", "/tmp", self.run_as
 
     def kill_all(self) -> int:
         """Kill every running exec (its whole namespace), the resident init, and anything left in
@@ -682,19 +690,24 @@ class BwrapSandbox(Sandbox):
             running.append(f"resident init {resident.proc.pid} (running a command)")
         return running + [f"cgroup {pid}" for pid in self._others_in_cgroup()]
 
-    def _drop_resident(self) -> None:
-        """Stop the init and wait for it: the layers are about to change under its mount."""
+    def _drop_resident(self, meanwhile=None) -> None:
+        """Stop the init and wait until it is gone (the layers are about to change under its
+        mount); `meanwhile()` runs between the kill and the wait (its namespace takes a
+        millisecond or so to die)."""
         self._wait_prestart()
         with self._lock:
             resident, self._resident = self._resident, None
+        if resident is not None:
+            resident.stop()
+        if meanwhile is not None:
+            meanwhile()
         if resident is None:
             return
-        resident.stop()
         resident.wait()
         # a command's thread may still be reading the end from the socket: close it after that
         if self._resident_busy.acquire(timeout=5):
             try:
-                resident.sock.close()
+                resident.release()
             finally:
                 self._resident_busy.release()
 
@@ -702,17 +715,27 @@ class BwrapSandbox(Sandbox):
         """Kill everything, drop every upper layer, clear /tmp and the ledger: milliseconds.
         Proves no process of the previous episode remains (`SandboxInfraError` otherwise)."""
         self._check_open()
+        stale: list[Path | None] = []
+        # the new layers are made while the init dies (its exit comes after its namespace's
+        # last process); nothing of the old ones is reachable from them
+        self._drop_resident(meanwhile=lambda: stale.append(self._fresh_layers()))
         self.kill_all()
-        self._drop_resident()  # after this, every process in the cgroup counts
         deadline = time.monotonic() + 2
         while (left := self.live_processes()) and time.monotonic() < deadline:
             time.sleep(0.0005)  # a killed init leaves its cgroup within a millisecond or two
         if left:
             raise SandboxInfraError(f"reset could not end every process of the sandbox: {left[:5]}")
         self.lower = self.pristine
-        self._fresh_layers()
         self.ledger.clear()
+        self._stale_layers += [p for p in stale if p is not None]
+        if not self.use_resident:
+            self._remove_stale_layers()  # with a resident init, its start thread does it
         self._prestart_resident()
+
+    def _remove_stale_layers(self) -> None:
+        """Delete the writable layers of earlier episodes (no process can use them any more)."""
+        while self._stale_layers:
+            fs.remove_tree(self._stale_layers.pop())
 
     def snapshot(self) -> str:
         """Materialise the current workspace as a new lower layer; returns its id."""
@@ -720,7 +743,7 @@ class BwrapSandbox(Sandbox):
         sid = uuid.uuid4().hex[:8]
         dest = self.state / "snapshots" / sid
         dest.parent.mkdir(exist_ok=True)
-        fs.materialize(self.lower, self.state / "upper", dest)
+        fs.materialize(self.lower, self.layers / "upper", dest)
         if self.run_as is not None:
             fs.chown_tree(dest, self.run_as)
         self._snapshots[sid] = dest
@@ -729,12 +752,12 @@ class BwrapSandbox(Sandbox):
     def restore(self, snapshot_id: str) -> None:
         """Make a snapshot the current workspace (upper layers dropped)."""
         snapshot = self._snapshot_path(snapshot_id)
-        self.kill_all()
         self._drop_resident()
+        self.kill_all()
         self.lower = snapshot
         for name in ("upper", "work"):
-            fs.empty_dir(self.state / name)
-        self._own(self.state / "upper", self.state / "work")
+            fs.empty_dir(self.layers / name)
+        self._own(self.layers / "upper", self.layers / "work")
         self._prestart_resident()
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -53,7 +54,11 @@ class Resident:
             # bwrap's --info-fd: the init's pid as the host sees it (stop() kills it there: the
             # sandbox's namespace dies with its PID 1)
             self.init_pid = _read_child_pid(info_r)
-        except ResidentDied:
+            self.init_fd = os.pidfd_open(self.init_pid)  # wakes `wait` the moment the init is gone
+        except OSError as err:
+            self.close()
+            raise ResidentDied(f"the sandbox's init is gone: {err}") from None
+        except BaseException:  # ResidentDied, or a bug of ours: never leave the bwrap behind
             self.close()
             raise
         finally:
@@ -105,10 +110,23 @@ class Resident:
         """Stop it and release the host's end of the socket (once no thread waits on it)."""
         self.stop()
         self.wait()
+        self.release()
+
+    def release(self) -> None:
+        """Close the host's file descriptors (the socket, the init's pidfd)."""
         self.sock.close()
+        fd, self.init_fd = getattr(self, "init_fd", None), None
+        if fd is not None:
+            os.close(fd)
 
     def wait(self) -> None:
-        """Reap the bwrap process after `stop`."""
+        """Wait, after `stop`, until the init has exited (its exit comes after every process of
+        its namespace is gone) and reap its bwrap."""
+        fd = getattr(self, "init_fd", None)
+        if fd is not None:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(2000)
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
@@ -117,18 +135,19 @@ class Resident:
 
 def _read_child_pid(fd: int, timeout_s: float = 10.0) -> int:
     """The `child-pid` of bwrap's --info-fd JSON (read until it parses, EOF or the deadline)."""
-    import select
     import time
 
     data = b""
     deadline = time.monotonic() + timeout_s
+    poller = select.poll()  # not select(): a harness with many sandboxes has fds past 1024
+    poller.register(fd, select.POLLIN)
     while True:
         try:
             return int(json.loads(data)["child-pid"])
         except (ValueError, KeyError):
             pass
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if remaining <= 0 or not poller.poll(remaining * 1000):
             raise ResidentDied("bwrap did not report the sandbox's init in time")
         chunk = os.read(fd, 4096)
         if not chunk:

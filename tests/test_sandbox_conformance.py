@@ -39,7 +39,7 @@ def test_nothing_it_creates_belongs_to_a_host_account(sandbox, backend):
     r = sandbox.exec("echo a > made.txt; mkdir -p d && echo b > d/x; cp /bin/sh ./sh && chmod u+s,g+s ./sh; "
                      "echo c > /tmp/t; echo changed >> README.md")
     assert r.exit_code == 0, r.stderr
-    roots = [sandbox.state / "upper", sandbox.state / "tmp"] if backend == "bwrap" else [sandbox.ws]
+    roots = [sandbox.layers / "upper", sandbox.layers / "tmp"] if backend == "bwrap" else [sandbox.ws]
     seen = 0
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):

@@ -61,9 +61,12 @@ def start(request, fds):
 def wait_for(pid):
     """Wait for the command, serving kill requests meanwhile; its exit code."""
     pidfd = os.pidfd_open(pid)
+    poller = select.poll()  # not select(): the socket's number is the host's, maybe past 1024
+    poller.register(control, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
     try:
         while True:
-            ready, _, _ = select.select([control, pidfd], [], [])
+            ready = {fd for fd, _ in poller.poll()}
             if pidfd in ready:
                 break
             message = control.recv(4096)

@@ -65,12 +65,15 @@ def start(job):
 
 
 def main():
+    poller = select.poll()
+    poller.register(requests, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     running = {}  # pid -> (job, deadline)
     pending = b""
     while True:
         now = time.monotonic()
         wait = min((d for _, d in running.values()), default=now + 3600) - now
-        ready, _, _ = select.select([requests, wake_r], [], [], max(0.0, wait))
+        ready = {fd for fd, _ in poller.poll(max(0.0, wait) * 1000)}
         if requests in ready:
             chunk = os.read(requests, 65536)
             if not chunk:
