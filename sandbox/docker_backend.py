@@ -129,6 +129,14 @@ def reap(c=None) -> int:
     return removed
 
 
+#: No System V shared memory, semaphores or message queues, and no POSIX message queues, in a
+#: container: they would outlive the processes that made them (state a reset could not see).
+NO_IPC = {"kernel.shmmni": "0", "kernel.msgmni": "0", "kernel.sem": "0 0 0 0", "fs.mqueue.queues_max": "0"}
+#: Where the sandbox user can write in a container besides the workspace and the event log
+#: (the root filesystem is read-only): emptied from the host by every reset.
+SCRATCH_DIRS = ("/tmp", "/dev/shm")
+
+
 class _Slot:
     """A started container with its own host directories."""
 
@@ -136,6 +144,77 @@ class _Slot:
         self.container = container
         self.state = state
         self.init_pid: int | None = None  # the container's PID 1 as the host sees it, once found
+
+
+def _slot_cgroup_dirs(slot: _Slot) -> dict[str, Path]:
+    """The container's cgroup directories (memory, pids) on this host's layout."""
+    cid = slot.container.id
+    found: dict[str, Path] = {}
+    for ctl in ("memory", "pids"):
+        for base in (Path(f"/sys/fs/cgroup/{ctl}/docker/{cid}"), Path(f"/sys/fs/cgroup/docker/{cid}"),
+                     Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope")):
+            if base.is_dir():
+                found[ctl] = base
+                break
+    return found
+
+
+def _kill_from_host(slot: _Slot) -> int | None:
+    """Kill every process of the container but its init from the host, through its cgroup, and
+    wait until the cgroup holds the init alone: no `docker exec` (a runc start, most of a
+    reset's time). The count killed, or None where the host cannot (not root, no cgroup
+    directory found): the in-container path runs then."""
+    procs = _slot_cgroup_dirs(slot).get("pids", Path("/nonexistent")) / "cgroup.procs"
+    if os.geteuid() != 0 or not procs.exists():
+        return None
+    killed: set[int] = set()
+    deadline = time.monotonic() + 2
+    while True:
+        pids = [int(p) for p in procs.read_text().split()]
+        init = slot.init_pid or _container_init(pids)
+        if init is None:
+            return None
+        slot.init_pid = init
+        others = [p for p in pids if p != init]
+        if not others:
+            return len(killed)
+        if time.monotonic() > deadline:
+            raise SandboxInfraError(f"reset left processes behind in the container: {others[:5]}")
+        for pid in others:
+            # pids are read from the container's cgroup a moment before: reuse needs the host's
+            # pid counter to wrap around in between
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)
+
+
+def _clear_scratch_from_host(slot: _Slot) -> None:
+    """Empty the container's scratch directories (`SCRATCH_DIRS`) through its init's root (no
+    symlink is followed)."""
+    for scratch in SCRATCH_DIRS:
+        for entry in os.scandir(f"/proc/{slot.init_pid}/root{scratch}"):
+            if entry.is_dir(follow_symlinks=False):
+                fs.remove_tree(entry.path)
+            else:
+                os.unlink(entry.path)
+
+
+def _host_reset(slot: _Slot) -> bool:
+    """Make a used container as a started one was, from the host: every process but its init
+    killed, scratch directories, workspace and event log emptied. False if the host cannot."""
+    if _kill_from_host(slot) is None:
+        return False
+    _clear_scratch_from_host(slot)
+    for directory in (slot.state / "ws", slot.state / "log"):
+        for child in list(directory.iterdir()):
+            fs.remove_tree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    home = slot.state / "home"
+    for child in list(home.iterdir()):  # the canary, if the last user had one
+        fs.remove_tree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    return True
 
 
 def _container_init(pids: list[int]) -> int | None:
@@ -185,7 +264,7 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
             c.containers.run, config.image, command=["python3", "-c", REAPER_INIT], detach=True, network_mode="none",
             cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{uid}:{uid}",
             mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", nano_cpus=int(lim.cpus * 1e9),
-            pids_limit=lim.pids, read_only=True, tmpfs={"/tmp": "rw,size=64m,mode=1777"},
+            pids_limit=lim.pids, read_only=True, tmpfs={"/tmp": "rw,size=64m,mode=1777"}, sysctls=NO_IPC,
             volumes=volumes, labels=labels, working_dir=WORKSPACE, hostname="sandbox")
     except Exception as err:
         fs.remove_tree(state)
@@ -236,11 +315,18 @@ def remover() -> _Remover:
 
 
 class WarmPool:
-    """Keeps `size` started containers ready for one sandbox config."""
+    """Keeps `size` started containers ready for one sandbox config.
 
-    def __init__(self, config: SandboxConfig, size: int = 4) -> None:
+    `recycle=True`: a closed sandbox's container comes back into the pool after a reset from
+    the host (every process killed through its cgroup, scratch directories, workspace and event
+    log emptied; System V and POSIX IPC are off in every container), instead of being removed and
+    replaced by a new one: no container start per use. Where the host cannot reset it (not
+    root), it is removed as usual."""
+
+    def __init__(self, config: SandboxConfig, size: int = 4, recycle: bool = False) -> None:
         self.config = config
         self.size = size
+        self.recycle = recycle
         self.client = client()
         reap_once(docker=True)
         self.ready: queue.Queue[_Slot] = queue.Queue()
@@ -268,9 +354,27 @@ class WarmPool:
 
     def acquire(self, timeout_s: float = 120.0) -> _Slot:
         """A started container (waits for one if none is ready)."""
+        if self.recycle:  # used ones come back: start a new container only when none is ready
+            try:
+                return self.ready.get_nowait()
+            except queue.Empty:
+                self._want.release()
+                return self.ready.get(timeout=timeout_s)
         slot = self.ready.get(timeout=timeout_s)
         self._want.release()
         return slot
+
+    def give_back(self, slot: _Slot) -> None:
+        """A used container back into the pool, reset from the host (removed instead if it cannot
+        be reset, or the pool is closed or holds `size` ready ones already)."""
+        try:
+            recycled = (not self.closed and self.recycle and self.ready.qsize() < self.size
+                        and slot.container is not None and _host_reset(slot))
+        except Exception:  # whatever stops the reset, the container is not used again
+            recycled = False
+        (self.ready.put if recycled else remover().put)(slot)
+        if recycled and self.closed:  # closed meanwhile: nothing may stay in the pool
+            self.close()
 
     def close(self) -> None:
         """Stop refilling and remove the idle containers (one being started is removed too)."""
@@ -289,15 +393,15 @@ _SHARED_POOLS: dict[str, WarmPool] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_pool(config: SandboxConfig, size: int = 2) -> WarmPool:
-    """The process's warm pool for `config` (started on first use; closed at exit): short-lived
-    sandboxes such as graders' take a started container instead of waiting for `docker run`.
-    Containers are never reused: each comes out of the pool once."""
+def shared_pool(config: SandboxConfig, size: int = 4) -> WarmPool:
+    """The process's recycling warm pool for `config` (started on first use; closed at exit):
+    short-lived sandboxes such as graders' take a started container, and give it back reset
+    from the host, instead of paying a container start and removal per use."""
     key = config.model_dump_json()
     with _SHARED_LOCK:
         pool = _SHARED_POOLS.get(key)
         if pool is None:
-            pool = _SHARED_POOLS[key] = WarmPool(config, size=size)
+            pool = _SHARED_POOLS[key] = WarmPool(config, size=size, recycle=True)
         return pool
 
 
@@ -344,6 +448,7 @@ class DockerSandbox(Sandbox):
         fs.write_files(self.pristine, workspace or {})
         self._pristine_tree = fs.read_tree(self.pristine)
         self.canary_token, self._canary_text = new_canary() if self.config.canary else (None, "")
+        self.pool = pool
         self.slot = pool.acquire() if pool is not None else _new_slot(self.client, self.config, self.episode)
         self._snapshots: dict[str, Path] = {}
         self._prepare_slot()
@@ -483,15 +588,7 @@ class DockerSandbox(Sandbox):
             return 0
 
     def _cgroup_dirs(self) -> dict[str, Path]:
-        cid = self.slot.container.id
-        found: dict[str, Path] = {}
-        for ctl in ("memory", "pids"):
-            for base in (Path(f"/sys/fs/cgroup/{ctl}/docker/{cid}"), Path(f"/sys/fs/cgroup/docker/{cid}"),
-                         Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope")):
-                if base.is_dir():
-                    found[ctl] = base
-                    break
-        return found
+        return _slot_cgroup_dirs(self.slot)
 
     def _counters(self) -> dict[str, int]:
         out = {"oom": 0, "pids_max": 0}
@@ -604,44 +701,11 @@ class DockerSandbox(Sandbox):
         return self._kill_inside() if killed is None else killed
 
     def _kill_from_host(self) -> int | None:
-        """Kill every process of the container but its init from the host, through its cgroup,
-        and wait until the cgroup holds the init alone: no `docker exec` (a runc start, most of
-        a reset's time). The count killed, or None where the host cannot (not root, no cgroup
-        directory found): the in-container path runs then."""
-        procs = self._cgroup_dirs().get("pids", Path("/nonexistent")) / "cgroup.procs"
-        if os.geteuid() != 0 or not procs.exists():
-            return None
-        killed: set[int] = set()
-        deadline = time.monotonic() + 2
-        while True:
-            pids = [int(p) for p in procs.read_text().split()]
-            init = self.slot.init_pid or _container_init(pids)
-            if init is None:
-                return None
-            self.slot.init_pid = init
-            others = [p for p in pids if p != init]
-            if not others:
-                return len(killed)
-            if time.monotonic() > deadline:
-                raise SandboxInfraError(f"reset left processes behind in the container: {others[:5]}")
-            for pid in others:
-                # pids are read from the container's cgroup a moment before: reuse needs the
-                # host's pid counter to wrap around in between
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.001)
+        """See `_kill_from_host` (module level)."""
+        return _kill_from_host(self.slot)
 
     def _clear_tmp_from_host(self) -> None:
-        """Empty the container's /tmp through its init's root (no symlink is followed)."""
-        tmp = Path(f"/proc/{self.slot.init_pid}/root/tmp")
-        for entry in os.scandir(tmp):
-            if entry.is_dir(follow_symlinks=False):
-                fs.remove_tree(entry.path)
-            else:
-                os.unlink(entry.path)
+        _clear_scratch_from_host(self.slot)
 
     def reset(self) -> None:
         """Kill everything, clear /tmp, restore the pristine workspace, clear the ledger.
@@ -682,7 +746,10 @@ class DockerSandbox(Sandbox):
             return
         self.closing = True
         self.closed = True
-        remover().put(self.slot)
+        if self.pool is not None and self.pool.recycle:
+            self.pool.give_back(self.slot)  # reset from the host, or removed if it cannot be
+        else:
+            remover().put(self.slot)
         fs.remove_tree(self.pristine)
         for snap in self._snapshots.values():
             fs.remove_tree(snap)

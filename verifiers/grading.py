@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from toolgym.sandbox import Sandbox, SandboxConfig, make_sandbox
+from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, make_sandbox
+from toolgym.sandbox.base import workspace_rel
 from toolgym.tasks import Task
 from toolgym.verifiers.protect import is_protected, split_changes
 
@@ -17,26 +18,35 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
                     modes: dict[str, int] | None = None,
                     extra: dict[str, str] | None = None, pool=None) -> tuple[Sandbox, list[str]]:
     """A fresh sandbox from the pristine state with the agent's changes applied (and the
-    grader's own `extra` files, written in the same round trip); returns it and the protected
-    paths whose changes were dropped. Nothing of the agent's runs here until the grader says so.
+    grader's own `extra` files); returns it and the protected paths whose changes were dropped.
+    The changes are written on the host as the sandbox's starting files (no command runs for
+    them: a start less per grading); nothing of the agent's runs here until the grader says so.
     `pool`: a docker `WarmPool` of started containers for this config (default: the process's
     shared pool for it; a container is used once, never reused)."""
     keep, dropped = split_changes(changes, tuple(task.hidden.protected))
+    files = dict(task.workspace)
+    for path, text in keep.items():
+        try:
+            rel = workspace_rel(path)
+        except SandboxError:
+            rel = ""
+        if not rel:  # not a workspace path: nothing an episode can produce; dropped like tampering
+            dropped.append(path)
+        elif text is None:  # a deleted file or directory, as `rm -rf` would
+            for name in [n for n in files if n == rel or n.startswith(rel + "/")]:
+                del files[name]
+        else:
+            files = {n: t for n, t in files.items() if not n.startswith(rel + "/")}  # a file replaced a dir
+            files[rel] = text
+    files.update(extra or {})
     # a grader runs a command or two per sandbox: a fresh bwrap each beats starting a resident init
     config = config.model_copy(update={"canary": False, "resident": False})
     if pool is None and config.backend == "docker":
         from toolgym.sandbox.docker_backend import shared_pool
 
         pool = shared_pool(config)
-    box = make_sandbox(dict(task.workspace), config, pool=pool)
+    box = make_sandbox(files, config, pool=pool)
     try:
-        deletes = [p for p, t in keep.items() if t is None]
-        if deletes:
-            box.exec("rm -rf -- " + " ".join(shlex.quote(p) for p in deletes))
-        writes = {p: t for p, t in keep.items() if t is not None}
-        writes.update(extra or {})
-        if writes:
-            box.write_files(writes)
         chmods = [f"chmod {mode & 0o7777:o} -- {shlex.quote(p)}" for p, mode in (modes or {}).items()
                   if p not in dropped and keep.get(p, "") is not None and not _protected(p, task)]
         if chmods:
@@ -44,4 +54,4 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
     except Exception:
         box.close()
         raise
-    return box, dropped
+    return box, sorted(dropped)

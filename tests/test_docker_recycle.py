@@ -1,0 +1,56 @@
+"""Docker containers reused by a recycling warm pool (graders' sandboxes): a container comes back
+only after a reset from the host that leaves nothing of its last user, and a place to keep
+state that a reset could not see (System V or POSIX IPC) does not exist in any container."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolgym.sandbox import SandboxConfig, make_sandbox
+from toolgym.sandbox.docker_backend import WarmPool, remover
+
+CONFIG = SandboxConfig(backend="docker", canary=False)
+
+
+@pytest.fixture
+def pool():
+    from conftest import require_backend
+
+    require_backend("docker")
+    warm = WarmPool(CONFIG, size=1, recycle=True)
+    yield warm
+    warm.close()
+    remover().drain()
+
+
+def test_a_recycled_container_keeps_nothing_of_its_last_user(pool):
+    first = make_sandbox({"a.txt": "A\n"}, CONFIG, pool=pool)
+    container = first.slot.container.id
+    res = first.exec("echo x > /tmp/x; mkdir /tmp/d; echo y > /dev/shm/y; echo z > b.txt; "
+                     "echo w > /.toolgym/extra; (sleep 300 &) ; echo done")
+    assert res.stdout.strip() == "done"
+    first.close()
+    second = make_sandbox({"c.txt": "C\n"}, CONFIG, pool=pool)
+    try:
+        assert second.slot.container.id == container  # the same container, not a new one
+        listing = second.exec("ls -A /tmp /dev/shm /.toolgym; ls -A").stdout.split()
+        assert listing == ["/.toolgym:", "events", "/dev/shm:", "/tmp:", "c.txt"], listing
+        assert second.live_processes() == [] and second.events() == []
+    finally:
+        second.close()
+
+
+def test_no_ipc_can_outlive_a_process(pool):
+    with make_sandbox({}, CONFIG, pool=pool) as box:
+        code = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
+                "print(libc.shmget(7, 4096, 0o1666), libc.msgget(7, 0o1666), libc.semget(7, 1, 0o1666))\n")
+        assert box.exec(f"python3 -c '{code}'").stdout.split() == ["-1", "-1", "-1"]
+        assert box.exec("touch /dev/mqueue/q").exit_code != 0  # no POSIX message queue either
+
+
+def test_where_the_sandbox_user_can_write_is_what_reset_empties(pool):
+    with make_sandbox({}, CONFIG, pool=pool) as box:
+        mounts = box.exec("for m in $(awk '{print $2}' /proc/mounts); do [ -w \"$m\" ] && echo $m; done").stdout.split()
+        # /proc/keys and /proc/timer_list are docker's masks (/dev/null); /dev/mqueue takes no queue
+        assert set(mounts) - {"/proc/keys", "/proc/timer_list", "/dev/mqueue"} == {"/tmp", "/dev/shm", "/workspace",
+                                                                                   "/.toolgym"}
