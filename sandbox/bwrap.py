@@ -28,7 +28,6 @@ writable, else from rlimits.
 from __future__ import annotations
 
 import os
-import selectors
 import shutil
 import signal
 import subprocess
@@ -43,10 +42,11 @@ from toolgym.sandbox.base import (SITE_LAYER_MOUNT, WORKSPACE, Capabilities, Exe
                                   SandboxInfraError, SandboxUnavailable, check_command_size, check_unowned_uid,
                                   workspace_rel)
 from toolgym.sandbox.cgroups import CgroupLimiter
+from toolgym.sandbox.collect import STARTED_MARK, Collected, collect, strip_started_mark
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, init_script, observe_shim, shared_bwrap, wrapper_script
-from toolgym.sandbox.resident import INIT_MOUNT, PYTHON, Resident, ResidentDied
+from toolgym.sandbox.resident import INIT_MOUNT, PYTHON, InitLost, Resident, ResidentDied, run_command
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_workspace_changes)
 
@@ -56,8 +56,6 @@ MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
 #: Host directories hidden behind an empty tmpfs (other sandboxes' and containers' files).
 HIDDEN_DIRS = ("/var/lib/docker", "/var/lib/containerd", "/var/log")
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-#: The exec wrapper's first stderr line once the sandbox is up (stripped from the output).
-STARTED_MARK = "toolgym-exec-started"
 
 
 def find_bwrap() -> str:
@@ -128,88 +126,6 @@ def default_rootfs() -> str:
     from toolgym.sandbox.image import ROOTFS_CACHE
 
     return str(ROOTFS_CACHE) if (ROOTFS_CACHE / "usr" / "bin" / "python3").exists() else "/"
-
-
-class Collected:
-    """Output of a finished process: kept bytes, total byte counts, and why it was stopped."""
-
-    def __init__(self) -> None:
-        self.out, self.err = bytearray(), bytearray()
-        self.total_out = self.total_err = 0
-        self.timed_out = False
-        self.overflow = False
-
-    @property
-    def truncated(self) -> bool:
-        """True if some output was not kept."""
-        return self.total_out > len(self.out) or self.total_err > len(self.err)
-
-
-def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, kill) -> Collected:
-    """Read a process's stdout/stderr (bounded) and wait for its exit (see `collect_fds`)."""
-    pidfd = os.pidfd_open(proc.pid)
-    try:
-        return collect_fds(proc.stdout.fileno(), proc.stderr.fileno(), pidfd,  # type: ignore[union-attr]
-                           timeout_s, keep, kill_at, kill)
-    finally:
-        os.close(pidfd)
-
-
-def collect_fds(out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: int, kill_at: int,
-                kill) -> Collected:
-    """Read stdout/stderr (bounded) and wait for exit in one select loop, with a deadline.
-
-    No helper threads and no polling sleeps: `exit_fd` (a pidfd, or the resident init's socket,
-    which it answers on) wakes the loop the moment the command exits. `kill()` is called on
-    timeout or when output passes `kill_at` bytes.
-    """
-    res = Collected()
-    sel = selectors.DefaultSelector()
-    streams = {out_fd: "out", err_fd: "err"}
-    for stream in streams:
-        os.set_blocking(stream, False)
-        sel.register(stream, selectors.EVENT_READ)
-    pidfd = exit_fd
-    sel.register(pidfd, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout_s
-    exited = False
-    try:
-        while streams or not exited:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 and not res.timed_out and not exited:
-                res.timed_out = True
-                kill()
-                deadline = time.monotonic() + 5  # give the pipes time to close after the kill
-                remaining = 5
-            if remaining <= 0:
-                break
-            for key, _ in sel.select(remaining):
-                if key.fileobj == pidfd:
-                    exited = True
-                    sel.unregister(pidfd)
-                    continue
-                stream = key.fileobj
-                try:
-                    chunk = os.read(stream, 65536)  # type: ignore[arg-type]
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(stream)
-                    del streams[stream]
-                    continue
-                buf = res.out if streams[stream] == "out" else res.err
-                if streams[stream] == "out":
-                    res.total_out += len(chunk)
-                else:
-                    res.total_err += len(chunk)
-                if len(buf) < keep:
-                    buf += chunk[: keep - len(buf)]
-                if res.total_out + res.total_err > kill_at and not res.overflow:
-                    res.overflow = True
-                    kill()
-    finally:
-        sel.close()
-    return res
 
 
 class BwrapSandbox(Sandbox):
@@ -440,10 +356,7 @@ class BwrapSandbox(Sandbox):
 
     def _check_started(self, got: Collected) -> None:
         """Strip the wrapper's start mark; a run without it failed before the command (ours)."""
-        started = got.err.startswith(STARTED_MARK.encode() + b"\n")
-        if started:
-            del got.err[: len(STARTED_MARK) + 1]
-            got.total_err -= len(STARTED_MARK) + 1
+        started = strip_started_mark(got)
         if self.closed or getattr(self, "closing", False):  # killed by close(): not the command's result
             raise SandboxInfraError("sandbox is closed")
         if not started:
@@ -516,39 +429,16 @@ class BwrapSandbox(Sandbox):
                        stdin: str | None) -> ExecResult:
         counters = self.cgroup.counters() if self.cgroup else {}
         variables = self._variables({**(env or {}), "TOOLGYM_STARTED_MARK": STARTED_MARK})
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        in_r, in_w = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
         start = time.perf_counter()
-        try:
-            try:
-                resident.send(cmd, cwd, variables, (in_r, out_w, err_w))  # ResidentDied: the caller retries
-            finally:
-                for fd in (in_r, out_w, err_w):
-                    os.close(fd)
-            if in_w is not None:
-                try:
-                    os.set_blocking(in_w, True)
-                    with open(in_w, "wb", closefd=False) as feed:
-                        feed.write(stdin.encode())  # type: ignore[union-attr]
-                except BrokenPipeError:
-                    pass
-                finally:
-                    os.close(in_w)
-                    in_w = None
-            got = collect_fds(out_r, err_r, resident.sock.fileno(), timeout, self.limits.output_bytes,
-                              self.limits.output_kill_bytes, resident.request_kill)
-            try:
-                code = resident.answer()
-            except ResidentDied as died:
-                code = self._resident_died(resident, counters, died)
-        finally:
-            for fd in (out_r, err_r) + ((in_w,) if in_w is not None else ()):
-                os.close(fd)
+        try:  # ResidentDied (the init never took it) goes to the caller, which runs it another way
+            got, code = run_command(resident, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes,
+                                    self.limits.output_kill_bytes)
+        except InitLost as lost:
+            got, code = lost.got, self._resident_died(resident, counters, lost)
         self._check_started(got)
         return self._result(got, code, start, counters)
 
-    def _resident_died(self, resident: Resident, counters: dict[str, int], died: ResidentDied) -> int:
+    def _resident_died(self, resident: Resident, counters: dict[str, int], died: Exception) -> int:
         """The init ended during a command: killed by the host (kill_all, close) or by the memory
         limit (the command's doing: its result says so), else an infra error (ours)."""
         stopped = resident.stopped

@@ -33,7 +33,9 @@ from toolgym.sandbox.base import (IMAGE_TAG, SITE_LAYER_MOUNT, WORKSPACE, Capabi
                                   workspace_rel)
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
-from toolgym.sandbox.native import decoy_bin, observe_shim, wrapper_script
+from toolgym.sandbox.collect import STARTED_MARK, strip_started_mark
+from toolgym.sandbox.native import decoy_bin, init_script, observe_shim, wrapper_script
+from toolgym.sandbox.resident import INIT_MOUNT, InitChannel, InitLost, ResidentDied, run_command
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_workspace_changes)
 
@@ -66,18 +68,11 @@ def process_start(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-#: The container's pid 1: reaps every orphan as soon as it exits, so no zombie outlives a command
-#: (docker's `init=True` exits with its child, and `kill -9 -1` would take the container down).
-REAPER_INIT = """import os, signal
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-while True:
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
-    signal.sigwait({signal.SIGCHLD})
-"""
+#: Where the container's init (`_native/init.py`, its PID 1) finds the host's socket. The init
+#: reaps every orphan, runs the commands the host hands it over that socket (a fork per command,
+#: not a `docker exec`), and kills every other process before it answers. docker's `init=True`
+#: would exit with its child, and `kill -9 -1` would take the container down.
+CONTROL_DIR = "/.toolgym-ctl"
 
 
 def _exit_code(api, exec_id: str, wait_s: float = 5.0) -> int | None:
@@ -140,10 +135,17 @@ SCRATCH_DIRS = ("/tmp", "/dev/shm")
 class _Slot:
     """A started container with its own host directories."""
 
-    def __init__(self, container: Any, state: Path) -> None:
+    def __init__(self, container: Any, state: Path, channel: InitChannel | None = None) -> None:
         self.container = container
         self.state = state
+        self.channel = channel  # connected to the container's init
         self.init_pid: int | None = None  # the container's PID 1 as the host sees it, once found
+
+    def release(self) -> None:
+        """Close the host's end of the init's socket."""
+        if self.channel is not None:
+            self.channel.release()
+            self.channel = None
 
 
 def _slot_cgroup_dirs(slot: _Slot) -> dict[str, Path]:
@@ -234,14 +236,23 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     lim = config.limits
     uid = check_unowned_uid(config.host_uid)
     state = Path(tempfile.mkdtemp(prefix=f"toolgym-docker-{os.getpid()}-"))
-    for name in ("ws", "log", "home"):
+    for name in ("ws", "log", "home", "ctl"):
         (state / name).mkdir()
     os.chown(state / "ws", uid, uid)
     os.chown(state / "log", uid, uid)
     os.chmod(state, 0o755)
+    os.chmod(state / "ctl", 0o755)
+    # The host listens; the container's init connects once at start, before anything else runs
+    # there; then the listener is gone, so no process in the container can reach it later.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(state / "ctl" / "init.sock"))
+    os.chmod(state / "ctl" / "init.sock", 0o666)
+    listener.listen(1)
     volumes = {str(state / "ws"): {"bind": WORKSPACE, "mode": "rw"},
                str(state / "log"): {"bind": LOG_DIR, "mode": "rw"},
                str(state / "home"): {"bind": "/root", "mode": "ro"},
+               str(state / "ctl"): {"bind": CONTROL_DIR, "mode": "ro"},
+               str(init_script()): {"bind": INIT_MOUNT, "mode": "ro"},
                str(wrapper_script()): {"bind": "/.toolgym-wrapper.sh", "mode": "ro"},
                str(decoy_bin()): {"bind": "/.toolgym-bin", "mode": "ro"}}
     if config.site_layer:
@@ -251,8 +262,9 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
         volumes[str(shim)] = {"bind": "/.toolgym-observe.so", "mode": "ro"}
     # docker makes a missing bind source an empty directory (on the host, where the helper was):
     # a helper that vanished from the cache is an infra error, never a silent directory
-    for source in (wrapper_script(), decoy_bin(), shim):
+    for source in (wrapper_script(), decoy_bin(), init_script(), shim):
         if source is not None and not source.exists():
+            listener.close()
             fs.remove_tree(state)
             raise SandboxInfraError(f"toolgym's sandbox helper {source} is missing (was the cache cleared?); "
                                     "restart the process to rebuild it")
@@ -261,19 +273,33 @@ def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
               "toolgym.host": socket.gethostname(), "toolgym.state": str(state)}
     try:
         container = _call(
-            c.containers.run, config.image, command=["python3", "-c", REAPER_INIT], detach=True, network_mode="none",
+            c.containers.run, config.image, command=["python3", "-I", "-S", INIT_MOUNT, "--connect",
+                                                     f"{CONTROL_DIR}/init.sock"], detach=True, network_mode="none",
             cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{uid}:{uid}",
             mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", nano_cpus=int(lim.cpus * 1e9),
             pids_limit=lim.pids, read_only=True, tmpfs={"/tmp": "rw,size=64m,mode=1777"}, sysctls=NO_IPC,
             volumes=volumes, labels=labels, working_dir=WORKSPACE, hostname="sandbox")
     except Exception as err:
+        listener.close()
         fs.remove_tree(state)
         import docker
 
         if isinstance(err, docker.errors.ImageNotFound):
             raise SandboxUnavailable(f"docker image {config.image!r} not found: run `toolgym sandbox build-image`") from None
         raise SandboxInfraError(f"cannot start a container: {err}") from None
-    return _Slot(container, state)
+    slot = _Slot(container, state)
+    try:
+        listener.settimeout(30)
+        conn, _ = listener.accept()
+        conn.settimeout(None)
+        slot.channel = InitChannel(conn)
+    except OSError as err:
+        remover().put(slot)
+        raise SandboxInfraError(f"the container's init did not connect: {err}") from None
+    finally:
+        listener.close()
+        (state / "ctl" / "init.sock").unlink(missing_ok=True)
+    return slot
 
 
 class _Remover:
@@ -288,6 +314,7 @@ class _Remover:
     def _run(self) -> None:
         while True:
             slot = self.q.get()
+            slot.release()
             try:
                 _call(slot.container.remove, force=True)
             except Exception:
@@ -449,6 +476,7 @@ class DockerSandbox(Sandbox):
         self._pristine_tree = fs.read_tree(self.pristine)
         self.canary_token, self._canary_text = new_canary() if self.config.canary else (None, "")
         self.pool = pool
+        self._busy = threading.Lock()  # one command at a time through the container's init
         self.slot = pool.acquire() if pool is not None else _new_slot(self.client, self.config, self.episode)
         self._snapshots: dict[str, Path] = {}
         self._prepare_slot()
@@ -514,9 +542,16 @@ class DockerSandbox(Sandbox):
 
     def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
              stdin: str | None = None) -> ExecResult:
-        """Run `cmd` via the wrapper; output capped; killed after `timeout_s`."""
+        """Run `cmd` via the wrapper; output capped; killed after `timeout_s`. Through the
+        container's init (a fork) when it is free, else with a `docker exec`."""
         self._check_open()
         check_command_size(cmd, env)
+        channel = self.slot.channel
+        if channel is not None and self._busy.acquire(blocking=False):
+            try:
+                return self._exec_through_init(channel, cmd, timeout_s or self.limits.timeout_s, cwd, env, stdin)
+            finally:
+                self._busy.release()
         timeout = timeout_s or self.limits.timeout_s
         if stdin is not None:  # docker exec stdin needs a hijacked socket; a file is simpler and safe
             stdin_file = self.slot.state / "log" / "stdin"
@@ -576,6 +611,34 @@ class DockerSandbox(Sandbox):
                             stderr=err.decode("utf-8", errors="replace"), truncated=total[0] > len(out) or total[1] > len(err),
                             timed_out=timed_out, duration_s=duration)
         self._observe(result, counters, state["overflow"])
+        return result
+
+    def _exec_through_init(self, channel: InitChannel, cmd: str, timeout: float, cwd: str,
+                           env: dict[str, str] | None, stdin: str | None) -> ExecResult:
+        counters = self._counters()
+        variables = self._env(env, timeout)
+        del variables["TOOLGYM_TIMEOUT"]  # the host enforces the deadline: it asks the init to kill
+        variables["TOOLGYM_STARTED_MARK"] = STARTED_MARK
+        start = time.perf_counter()
+        try:
+            got, code = run_command(channel, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes,
+                                    self.limits.output_kill_bytes)
+        except (ResidentDied, InitLost) as lost:
+            if self.closed or getattr(self, "closing", False):
+                raise SandboxInfraError("sandbox is closed") from None
+            if not (isinstance(lost, InitLost) and self._counters()["oom"] > counters["oom"]):
+                raise SandboxInfraError(f"the container's init is gone: {lost}") from None
+            got, code = lost.got, -signal.SIGKILL  # the memory limit's doing: the command's result
+        started = strip_started_mark(got)
+        if self.closed or getattr(self, "closing", False):
+            raise SandboxInfraError("sandbox is closed")
+        if not started:
+            raise SandboxInfraError(f"the container could not start the command: "
+                                    f"{got.err.decode(errors='replace').strip()[-300:]}")
+        result = ExecResult(exit_code=code if code >= 0 else 128 - code, stdout=got.out.decode("utf-8", errors="replace"),
+                            stderr=got.err.decode("utf-8", errors="replace"), truncated=got.truncated,
+                            timed_out=got.timed_out, duration_s=time.perf_counter() - start)
+        self._observe(result, counters, got.overflow)
         return result
 
     def _kill_inside(self) -> int:
@@ -746,7 +809,12 @@ class DockerSandbox(Sandbox):
             return
         self.closing = True
         self.closed = True
-        if self.pool is not None and self.pool.recycle:
+        # A command still running through the init must end (and its thread let go of the
+        # socket) before the container may serve anyone else.
+        idle = self._busy.acquire(blocking=False)
+        if not idle and _kill_from_host(self.slot) is not None:
+            idle = self._busy.acquire(timeout=10)
+        if idle and self.pool is not None and self.pool.recycle:
             self.pool.give_back(self.slot)  # reset from the host, or removed if it cannot be
         else:
             remover().put(self.slot)

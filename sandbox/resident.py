@@ -31,42 +31,14 @@ class ResidentDied(Exception):
     """The init ended while a command ran (or could not be reached)."""
 
 
-class Resident:
-    """A running init: its bwrap process and the host's end of the control socket."""
+class InitChannel:
+    """The host's end of a connected socket to a running init (`_native/init.py`): hand it a
+    command, ask it to kill, read the exit code. Both backends use it: bwrap's init is the
+    resident's PID 1 (`Resident`), docker's is the container's PID 1."""
 
-    def __init__(self, spawn: Callable[[list[str], tuple[int, ...]], subprocess.Popen], args: list[str]) -> None:
-        """Start it: `args` are bwrap's arguments up to (not including) `--`; `spawn(argv,
-        pass_fds)` starts a process the way the sandbox starts bwrap (its user, its cgroup).
-        Raises `ResidentDied` if the sandbox does not come up."""
-        self.sock, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        info_r, info_w = os.pipe()
-        try:
-            self.proc = spawn(args + ["--info-fd", str(info_w), "--", PYTHON, "-I", "-S", INIT_MOUNT,
-                                      str(inner.fileno())], (inner.fileno(), info_w))
-        except BaseException:
-            self.sock.close()
-            raise
-        finally:
-            inner.close()
-            os.close(info_w)
-        self.stopped = False  # set when the host stopped it (not a death)
-        try:
-            # bwrap's --info-fd: the init's pid as the host sees it (stop() kills it there: the
-            # sandbox's namespace dies with its PID 1)
-            self.init_pid = _read_child_pid(info_r)
-            self.init_fd = os.pidfd_open(self.init_pid)  # wakes `wait` the moment the init is gone
-        except OSError as err:
-            self.close()
-            raise ResidentDied(f"the sandbox's init is gone: {err}") from None
-        except BaseException:  # ResidentDied, or a bug of ours: never leave the bwrap behind
-            self.close()
-            raise
-        finally:
-            os.close(info_r)
-
-    def alive(self) -> bool:
-        """True while the bwrap process runs."""
-        return self.proc.poll() is None
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.stopped = False  # set when the host stopped the init (not a death)
 
     def send(self, cmd: str, cwd: str, env: dict[str, str], fds: tuple[int, int, int]) -> None:
         """Hand the init one command with its stdin, stdout and stderr."""
@@ -95,6 +67,96 @@ class Resident:
         return int(json.loads(data)["exit"])
 
     def stop(self) -> None:
+        """Mark the init as stopped by the host (subclasses also kill it)."""
+        self.stopped = True
+
+    def release(self) -> None:
+        """Close the host's end of the socket."""
+        self.sock.close()
+
+
+def run_command(channel: InitChannel, cmd: str, cwd: str, env: dict[str, str], stdin: str | None, timeout_s: float,
+                keep: int, kill_at: int):
+    """Run one command through `channel`: pipes for its output (read with `collect_fds`, bounded,
+    killed at the deadline or past `kill_at` bytes), its stdin fed, its exit code read.
+    Returns (Collected, exit code); raises `ResidentDied` if the init never took the command
+    (nothing ran: the caller may run it another way) and `InitLost` if it ended meanwhile."""
+    from toolgym.sandbox.collect import collect_fds
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
+    try:
+        try:
+            channel.send(cmd, cwd, env, (in_r, out_w, err_w))
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        if in_w is not None:
+            try:
+                with open(in_w, "wb", closefd=False) as feed:
+                    feed.write(stdin.encode())  # type: ignore[union-attr]
+            except BrokenPipeError:
+                pass
+            finally:
+                os.close(in_w)
+                in_w = None
+        got = collect_fds(out_r, err_r, channel.sock.fileno(), timeout_s, keep, kill_at, channel.request_kill)
+        try:
+            return got, channel.answer()
+        except ResidentDied as died:
+            raise InitLost(str(died), got) from None
+    finally:
+        for fd in (out_r, err_r) + ((in_w,) if in_w is not None else ()):
+            os.close(fd)
+
+
+class InitLost(Exception):
+    """The init ended while the command ran; `got` is what the command printed until then."""
+
+    def __init__(self, message: str, got) -> None:
+        super().__init__(message)
+        self.got = got
+
+
+class Resident(InitChannel):
+    """A running init: its bwrap process and the host's end of the control socket."""
+
+    def __init__(self, spawn: Callable[[list[str], tuple[int, ...]], subprocess.Popen], args: list[str]) -> None:
+        """Start it: `args` are bwrap's arguments up to (not including) `--`; `spawn(argv,
+        pass_fds)` starts a process the way the sandbox starts bwrap (its user, its cgroup).
+        Raises `ResidentDied` if the sandbox does not come up."""
+        sock, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        super().__init__(sock)
+        info_r, info_w = os.pipe()
+        try:
+            self.proc = spawn(args + ["--info-fd", str(info_w), "--", PYTHON, "-I", "-S", INIT_MOUNT,
+                                      str(inner.fileno())], (inner.fileno(), info_w))
+        except BaseException:
+            self.sock.close()
+            raise
+        finally:
+            inner.close()
+            os.close(info_w)
+        try:
+            # bwrap's --info-fd: the init's pid as the host sees it (stop() kills it there: the
+            # sandbox's namespace dies with its PID 1)
+            self.init_pid = _read_child_pid(info_r)
+            self.init_fd = os.pidfd_open(self.init_pid)  # wakes `wait` the moment the init is gone
+        except OSError as err:
+            self.close()
+            raise ResidentDied(f"the sandbox's init is gone: {err}") from None
+        except BaseException:  # ResidentDied, or a bug of ours: never leave the bwrap behind
+            self.close()
+            raise
+        finally:
+            os.close(info_r)
+
+    def alive(self) -> bool:
+        """True while the bwrap process runs."""
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
         """Kill the init (the whole sandbox namespace dies with its PID 1) and its bwrap. The
         socket stays open (a command's thread may be waiting on it: it reads the end); `close`
         releases it."""
@@ -114,7 +176,7 @@ class Resident:
 
     def release(self) -> None:
         """Close the host's file descriptors (the socket, the init's pidfd)."""
-        self.sock.close()
+        super().release()
         fd, self.init_fd = getattr(self, "init_fd", None), None
         if fd is not None:
             os.close(fd)

@@ -1,7 +1,8 @@
-# toolgym resident init: PID 1 of a bwrap sandbox (bwrap --as-pid-1), started once per sandbox
-# state and kept while the workspace layers stay the same. It receives commands over a
-# SOCK_SEQPACKET socket (fd argv[1]) and runs each one as the exec wrapper would run it under a
-# fresh bwrap, so an exec costs a fork and a wait instead of a sandbox start.
+# toolgym resident init: PID 1 of a bwrap sandbox (bwrap --as-pid-1, started once per sandbox
+# state and kept while the workspace layers stay the same) or of a docker container. It receives
+# commands over a SOCK_SEQPACKET socket (argv[1]: an inherited fd, or `--connect PATH`: the
+# host's listening socket, bound into the container) and runs each one under the exec wrapper,
+# so an exec costs a fork and a wait instead of a sandbox start or a `docker exec`.
 #
 # Request: a JSON object {"cmd", "cwd", "env"} with three file descriptors (stdin, stdout,
 # stderr) passed alongside (SCM_RIGHTS); or {"kill": true} while a command runs. Reply: {"exit":
@@ -21,7 +22,11 @@ import sys
 
 PR_SET_DUMPABLE = 4
 ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-control = socket.socket(fileno=int(sys.argv[1]))
+if sys.argv[1] == "--connect":
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    control.connect(sys.argv[2])
+else:
+    control = socket.socket(fileno=int(sys.argv[1]))
 os.set_inheritable(control.fileno(), False)
 WRAPPER = ["/bin/sh", "/.toolgym-wrapper.sh"]
 
@@ -43,6 +48,8 @@ def start(request, fds):
     pid = os.fork()
     if pid == 0:
         try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.setsid()
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
@@ -81,8 +88,31 @@ def wait_for(pid):
     return os.waitstatus_to_exitcode(status)
 
 
-def main():
+def reap_orphans():
+    """Reap whatever exited meanwhile (orphans of processes the host ran another way)."""
     while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def main():
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    idle = select.poll()
+    idle.register(control, select.POLLIN)
+    idle.register(wake_r, select.POLLIN)
+    while True:
+        ready = {fd for fd, _ in idle.poll()}
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            reap_orphans()
+        if control.fileno() not in ready:
+            continue
         message, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
         if not message:
             kill_the_rest()
