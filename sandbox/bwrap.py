@@ -82,6 +82,20 @@ def _as_user(uid: int | None) -> dict:
     return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 
+SETPRIV = shutil.which("setpriv")
+
+
+def _as_user_argv(argv: list[str], uid: int | None) -> tuple[list[str], dict]:
+    """(argv, Popen arguments) that run `argv` as `uid`. With util-linux's `setpriv` the uid
+    switch happens in the exec'd program, so Python can start it with vfork; Popen's own `user=`
+    makes it fork the whole harness (13 ms with torch loaded, against 2)."""
+    if uid is None:
+        return argv, {}
+    if SETPRIV:
+        return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] + argv, {}
+    return argv, _as_user(uid)
+
+
 def probe_userns(bwrap: str, uid: int | None = None) -> None:
     """Raise `SandboxUnavailable` with the fix if user namespaces are blocked here (for `uid`)."""
     key = f"{bwrap}:{uid}"
@@ -261,10 +275,11 @@ class BwrapSandbox(Sandbox):
         def start(argv: list[str]) -> subprocess.Popen:
             # bwrap's own environment is visible inside as /proc/1/environ: give it none of ours.
             out = subprocess.PIPE if pipes else subprocess.DEVNULL
+            argv, as_user = _as_user_argv(argv, self.run_as)
             try:
                 return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
                                         stdout=out, stderr=out, start_new_session=True, pass_fds=pass_fds,
-                                        env={"PATH": PATH}, **_as_user(self.run_as))
+                                        env={"PATH": PATH}, **as_user)
             except OSError as err:
                 raise SandboxInfraError(f"cannot start bwrap: {err}") from None
 
