@@ -45,14 +45,23 @@ _DAEMON_CALLS = threading.BoundedSemaphore(8)  # docker daemons time out under u
 RUN_ID = uuid.uuid4().hex[:12]
 
 
+_CLIENT: Any = None
+_CLIENT_LOCK = threading.Lock()
+
+
 def client():
-    """A docker client, or `SandboxUnavailable` saying how to start the daemon."""
+    """The process's docker client (made and pinged once: two daemon round trips a sandbox
+    otherwise), or `SandboxUnavailable` saying how to start the daemon."""
+    global _CLIENT
     try:
         import docker
 
-        c = docker.from_env(timeout=120)
-        c.ping()
-        return c
+        with _CLIENT_LOCK:
+            if _CLIENT is None:
+                c = docker.from_env(timeout=120)
+                c.ping()
+                _CLIENT = c
+            return _CLIENT
     except Exception as err:
         raise SandboxUnavailable(
             f"cannot reach a docker daemon ({type(err).__name__}: {err}). Install and start it: "
@@ -420,7 +429,7 @@ _SHARED_POOLS: dict[str, WarmPool] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_pool(config: SandboxConfig, size: int = 4) -> WarmPool:
+def shared_pool(config: SandboxConfig, size: int = 8) -> WarmPool:
     """The process's recycling warm pool for `config` (started on first use; closed at exit):
     short-lived sandboxes such as graders' take a started container, and give it back reset
     from the host, instead of paying a container start and removal per use."""

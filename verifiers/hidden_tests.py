@@ -34,7 +34,7 @@ from typing import Callable
 from toolgym.sandbox import SandboxConfig, SandboxError
 from toolgym.tasks import Task
 from toolgym.verifiers.grading import grading_sandbox
-from toolgym.verifiers.judge import JudgeService, judge_service
+from toolgym.verifiers.judge import JudgeJob, judge_service
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
 SENTINEL = "test_toolgym_sentinel"
@@ -99,21 +99,23 @@ class HiddenTestVerifier:
             return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR, duration_s=0.0,
                            reason=f"task {task.id} has hidden tests but no probes: hidden tests judge probe results "
                                   "and never import the agent's code (see HiddenSpec)")
-        judge: dict[str, JudgeService | Exception] = {}
-        builder = threading.Thread(target=self._start_judge, args=(judge,), daemon=True)
-        builder.start()  # on first use the judge service starts while the probes run
+        judge: dict[str, JudgeJob | str] = {}
+        builder = threading.Thread(target=self._prepare_judge, args=(task, judge), daemon=True)
+        builder.start()  # the judge prepares (and on first use, starts) while the probes run
         stages: dict[str, float] = {}  # where the time went (the verdict's details carry it)
         try:
             outcome = self._run_probes(task, final_state, stages)
         finally:
             builder.join()
         tamper = outcome.pop("tamper")
-        service = judge.get("service")
-        if "error" in outcome or not isinstance(service, JudgeService):
+        job = judge.get("job")
+        if "error" in outcome or not isinstance(job, JudgeJob):
+            if isinstance(job, JudgeJob):
+                job.cancel()
             reason = outcome.get("error") or f"could not build the judge sandbox: {judge.get('error')}"
             return self._verdict(0.0, False, Outcome.INFRA_ERROR, [], reason, start, tamper)
         judged = time.perf_counter()
-        verdict = self._judge(task, service, outcome, tamper, start)
+        verdict = self._judge(task, job, outcome, tamper, start)
         verdict.details["stages_s"] = {**stages, "judge": time.perf_counter() - judged}
         return verdict
 
@@ -160,20 +162,20 @@ class HiddenTestVerifier:
 
     # ---- stage 2: the judge, where no agent code ever ran ---------------------------------------
 
-    def _start_judge(self, out: dict) -> None:
+    def _prepare_judge(self, task: Task, out: dict) -> None:
+        """The judgement's files but the records, and pytest's configuration, ready in advance."""
+        files = dict(task.hidden.files)
+        files.update({SENTINEL_FILE: SENTINEL_CODE, "pytest.ini": JUDGE_INI,
+                      "toolgym_probes.py": grader_source("toolgym_probes.py")})
         try:
-            out["service"] = judge_service(self.config)
+            out["job"] = judge_service(self.config).prepare(files)
         except Exception as err:  # whatever stops the judge is ours: an infra error, never the agent's
             out["error"] = f"{type(err).__name__}: {err}"
 
-    def _judge(self, task: Task, service: JudgeService, probes: dict, tamper: list[dict], start: float) -> Verdict:
+    def _judge(self, task: Task, job: JudgeJob, probes: dict, tamper: list[dict], start: float) -> Verdict:
         hidden = task.hidden
-        files = dict(hidden.files)
-        files.update({SENTINEL_FILE: SENTINEL_CODE, "pytest.ini": JUDGE_INI,
-                      "toolgym_probes.py": grader_source("toolgym_probes.py"),
-                      RESULTS_FILE: json.dumps(probes["records"])})
         try:
-            res = service.judge(files, hidden.timeout_s)
+            res = job.run({RESULTS_FILE: json.dumps(probes["records"])}, hidden.timeout_s)
             if res.exit_code < 0:
                 raise SandboxError(f"the judge was killed (signal {-res.exit_code}; it times out after "
                                    f"{hidden.timeout_s}s): {res.output[-200:]}")
