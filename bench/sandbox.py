@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402  (bench/common.py)
 from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 from toolgym.sandbox.base import IMAGE_TAG
-from toolgym.sandbox.docker_backend import WarmPool, client, remover
+from toolgym.sandbox.docker_pool import WarmPool, client, remover
 
 WORKSPACE = {f"src/mod{i}.py": f"def f{i}(x):\n    return x + {i}\n" for i in range(20)} | {"README.md": "bench\n"}
 

@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402  (bench/common.py)
 from toolgym.sandbox import SandboxConfig
-from toolgym.sandbox.docker_backend import remover
+from toolgym.sandbox.docker_pool import remover
 from toolgym.tasks import TaskSuite, builtin_suite, suite_specs
 from toolgym.verifiers import FinalState, Outcome, verifier_for
 

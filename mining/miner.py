@@ -90,7 +90,7 @@ class ProjectMiner:
     """Mines one project (see the module docstring)."""
 
     def __init__(self, project: Project, layer: Path, split: str, options: MineOptions) -> None:
-        from toolgym.sandbox.docker_backend import WarmPool
+        from toolgym.sandbox.docker_pool import WarmPool
 
         self.p = project
         self.layer = layer

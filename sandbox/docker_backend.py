@@ -1,456 +1,47 @@
-"""The docker backend: the docker SDK against a real dockerd, hardened by default.
+"""The docker backend: `DockerSandbox`, a task workspace in a hardened container (docker_pool.py
+starts, pools, resets and removes the containers).
 
-Containers run a reaping init (pid 1: every orphan is reaped at once, so no zombie outlives a
-command) as a host uid no account owns (`SandboxConfig.host_uid`) with no network, every capability dropped,
-no-new-privileges, memory/CPU/pid limits, a read-only root, a tmpfs /tmp, and the task workspace
-bind-mounted from a host directory (so hashing, diffing and resetting it is host-side and fast).
-Containers carry labels (`toolgym.run`, `toolgym.episode`, `toolgym.pid`); `reap()` removes those
-of dead runs at start-up. A `WarmPool` keeps started containers ready to hide creation latency,
-closed ones are removed in the background, and a semaphore bounds concurrent daemon calls.
-
-Processes left by a command are recorded and killed when it returns (as in the bwrap backend),
-so both backends give the same semantics to the conformance suite.
+Commands run through the container's init (PID 1, connected to the host when the container
+started): a fork per command, not a `docker exec`; a second command while one runs, and the
+few maintenance commands, use `docker exec`. The workspace is a host directory bind-mounted in,
+so hashing, diffing and resetting it is host-side and fast. Processes left by a command are
+recorded and killed when it returns (as in the bwrap backend), so both backends give the same
+semantics to the conformance suite.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
-import queue
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from toolgym.sandbox import fs
-from toolgym.sandbox.base import (IMAGE_TAG, SITE_LAYER_MOUNT, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, SandboxUnavailable, check_command_size, check_unowned_uid, host_path,
-                                  workspace_rel)
-from toolgym.sandbox.ledger import EffectKind, Ledger
-from toolgym.sandbox.reaper import reap_once
+from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
+                                  SandboxInfraError, check_command_size, check_unowned_uid, host_path, workspace_rel)
 from toolgym.sandbox.collect import STARTED_MARK, strip_started_mark
-from toolgym.sandbox.native import decoy_bin, init_script, observe_shim, wrapper_script
-from toolgym.sandbox.resident import INIT_MOUNT, InitChannel, InitLost, ResidentDied, run_command
+from toolgym.sandbox.docker_pool import (DEFAULT_IMAGE, WarmPool, clear_scratch_from_host, daemon_call, kill_from_host,
+                                         new_slot, cgroup_dirs, client, remover)
+from toolgym.sandbox.ledger import EffectKind, Ledger
+from toolgym.sandbox.native import observe_shim
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_workspace_changes)
-
-LABEL = "toolgym"
-DEFAULT_IMAGE = IMAGE_TAG
-_DAEMON_CALLS = threading.BoundedSemaphore(8)  # docker daemons time out under unbounded concurrency
-RUN_ID = uuid.uuid4().hex[:12]
-
-
-_CLIENT: Any = None
-_CLIENT_LOCK = threading.Lock()
-
-
-def client():
-    """The process's docker client (made and pinged once: two daemon round trips a sandbox
-    otherwise), or `SandboxUnavailable` saying how to start the daemon."""
-    global _CLIENT
-    try:
-        import docker
-
-        with _CLIENT_LOCK:
-            if _CLIENT is None:
-                c = docker.from_env(timeout=120)
-                c.ping()
-                _CLIENT = c
-            return _CLIENT
-    except Exception as err:
-        raise SandboxUnavailable(
-            f"cannot reach a docker daemon ({type(err).__name__}: {err}). Install and start it: "
-            "`apt-get install -y docker.io && dockerd &` (scripts/test.sh does this)") from None
-
-
-def process_start(pid: int) -> str:
-    """A process's start time (clock ticks since boot), or "" if it is gone: pid + start = identity."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-#: Where the container's init (`_native/init.py`, its PID 1) finds the host's socket. The init
-#: reaps every orphan, runs the commands the host hands it over that socket (a fork per command,
-#: not a `docker exec`), and kills every other process before it answers. docker's `init=True`
-#: would exit with its child, and `kill -9 -1` would take the container down.
-CONTROL_DIR = "/.toolgym-ctl"
-
+from toolgym.sandbox.reaper import reap_once
+from toolgym.sandbox.resident import InitChannel, InitLost, ResidentDied, run_command
 
 def _exit_code(api, exec_id: str, wait_s: float = 5.0) -> int | None:
     """An exec's exit code. dockerd can close the output stream a moment before it marks the
     exec finished (ExitCode still None), so wait for `Running` to turn false."""
     deadline = time.monotonic() + wait_s
     while True:
-        info = _call(api.exec_inspect, exec_id)
+        info = daemon_call(api.exec_inspect, exec_id)
         if not info.get("Running") or time.monotonic() > deadline:
             return info.get("ExitCode")
         time.sleep(0.005)
-
-
-def _call(fn, *args, **kwargs):
-    """One daemon call, bounded in concurrency; a failing daemon is `SandboxInfraError`."""
-    import docker
-
-    with _DAEMON_CALLS:
-        try:
-            return fn(*args, **kwargs)
-        except docker.errors.ImageNotFound:
-            raise
-        except (docker.errors.DockerException, OSError) as err:
-            raise SandboxInfraError(f"docker daemon call failed: {type(err).__name__}: {err}") from None
-
-
-def reap(c=None) -> int:
-    """Remove toolgym containers (and their host dirs) whose owning process is gone."""
-    c = c or client()
-    removed = 0
-    host = socket.gethostname()
-    # The low-level list returns labels directly: the high-level one inspects each container and
-    # fails if one disappears in between (another process removing its own).
-    for info in _call(c.api.containers, all=True, filters={"label": LABEL}):
-        labels = info.get("Labels") or {}
-        pid = int(labels.get("toolgym.pid", "0") or 0)
-        alive = (labels.get("toolgym.host") == host and pid > 0
-                 and process_start(pid) == labels.get("toolgym.start", ""))  # pids get reused
-        if alive:
-            continue
-        try:
-            _call(c.api.remove_container, info["Id"], force=True)
-            removed += 1
-        except Exception:  # already gone
-            pass
-        state = labels.get("toolgym.state")
-        if state and state.startswith(tempfile.gettempdir()) and "toolgym-docker-" in state:
-            fs.remove_tree(state)
-    return removed
-
-
-#: No System V shared memory, semaphores or message queues, and no POSIX message queues, in a
-#: container: they would outlive the processes that made them (state a reset could not see).
-NO_IPC = {"kernel.shmmni": "0", "kernel.msgmni": "0", "kernel.sem": "0 0 0 0", "fs.mqueue.queues_max": "0"}
-#: Where the sandbox user can write in a container besides the workspace and the event log
-#: (the root filesystem is read-only): emptied from the host by every reset.
-SCRATCH_DIRS = ("/tmp", "/dev/shm")
-
-
-class _Slot:
-    """A started container with its own host directories."""
-
-    def __init__(self, container: Any, state: Path, channel: InitChannel | None = None) -> None:
-        self.container = container
-        self.state = state
-        self.channel = channel  # connected to the container's init
-        self.init_pid: int | None = None  # the container's PID 1 as the host sees it, once found
-
-    def release(self) -> None:
-        """Close the host's end of the init's socket."""
-        if self.channel is not None:
-            self.channel.release()
-            self.channel = None
-
-
-def _slot_cgroup_dirs(slot: _Slot) -> dict[str, Path]:
-    """The container's cgroup directories (memory, pids) on this host's layout."""
-    cid = slot.container.id
-    found: dict[str, Path] = {}
-    for ctl in ("memory", "pids"):
-        for base in (Path(f"/sys/fs/cgroup/{ctl}/docker/{cid}"), Path(f"/sys/fs/cgroup/docker/{cid}"),
-                     Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope")):
-            if base.is_dir():
-                found[ctl] = base
-                break
-    return found
-
-
-def _kill_from_host(slot: _Slot) -> int | None:
-    """Kill every process of the container but its init from the host, through its cgroup, and
-    wait until the cgroup holds the init alone: no `docker exec` (a runc start, most of a
-    reset's time). The count killed, or None where the host cannot (not root, no cgroup
-    directory found): the in-container path runs then."""
-    procs = _slot_cgroup_dirs(slot).get("pids", Path("/nonexistent")) / "cgroup.procs"
-    if os.geteuid() != 0 or not procs.exists():
-        return None
-    killed: set[int] = set()
-    deadline = time.monotonic() + 2
-    while True:
-        pids = [int(p) for p in procs.read_text().split()]
-        init = slot.init_pid or _container_init(pids)
-        if init is None:
-            return None
-        slot.init_pid = init
-        others = [p for p in pids if p != init]
-        if not others:
-            return len(killed)
-        if time.monotonic() > deadline:
-            raise SandboxInfraError(f"reset left processes behind in the container: {others[:5]}")
-        for pid in others:
-            # pids are read from the container's cgroup a moment before: reuse needs the host's
-            # pid counter to wrap around in between
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.001)
-
-
-def _clear_scratch_from_host(slot: _Slot) -> None:
-    """Empty the container's scratch directories (`SCRATCH_DIRS`) through its init's root (no
-    symlink is followed)."""
-    for scratch in SCRATCH_DIRS:
-        for entry in os.scandir(f"/proc/{slot.init_pid}/root{scratch}"):
-            if entry.is_dir(follow_symlinks=False):
-                fs.remove_tree(entry.path)
-            else:
-                os.unlink(entry.path)
-
-
-def _host_reset(slot: _Slot) -> bool:
-    """Make a used container as a started one was, from the host: every process but its init
-    killed, scratch directories, workspace and event log emptied. False if the host cannot."""
-    if _kill_from_host(slot) is None:
-        return False
-    _clear_scratch_from_host(slot)
-    for directory in (slot.state / "ws", slot.state / "log"):
-        for child in list(directory.iterdir()):
-            fs.remove_tree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    home = slot.state / "home"
-    for child in list(home.iterdir()):  # the canary, if the last user had one
-        fs.remove_tree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    return True
-
-
-def _container_init(pids: list[int]) -> int | None:
-    """Which of a container's host pids is its PID 1 (the last NSpid field is 1)."""
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("NSpid:") and line.split()[-1] == "1":
-                return pid
-    return None
-
-
-def _new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
-    lim = config.limits
-    uid = check_unowned_uid(config.host_uid)
-    state = Path(tempfile.mkdtemp(prefix=f"toolgym-docker-{os.getpid()}-"))
-    for name in ("ws", "log", "home", "ctl"):
-        (state / name).mkdir()
-    os.chown(state / "ws", uid, uid)
-    os.chown(state / "log", uid, uid)
-    os.chmod(state, 0o755)
-    os.chmod(state / "ctl", 0o755)
-    # The host listens; the container's init connects once at start, before anything else runs
-    # there; then the listener is gone, so no process in the container can reach it later.
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(str(state / "ctl" / "init.sock"))
-    os.chmod(state / "ctl" / "init.sock", 0o666)
-    listener.listen(1)
-    volumes = {str(state / "ws"): {"bind": WORKSPACE, "mode": "rw"},
-               str(state / "log"): {"bind": LOG_DIR, "mode": "rw"},
-               str(state / "home"): {"bind": "/root", "mode": "ro"},
-               str(state / "ctl"): {"bind": CONTROL_DIR, "mode": "ro"},
-               str(init_script()): {"bind": INIT_MOUNT, "mode": "ro"},
-               str(wrapper_script()): {"bind": "/.toolgym-wrapper.sh", "mode": "ro"},
-               str(decoy_bin()): {"bind": "/.toolgym-bin", "mode": "ro"}}
-    if config.site_layer:
-        volumes[str(Path(config.site_layer).resolve())] = {"bind": SITE_LAYER_MOUNT, "mode": "ro"}
-    shim = observe_shim()
-    if shim is not None:
-        volumes[str(shim)] = {"bind": "/.toolgym-observe.so", "mode": "ro"}
-    # docker makes a missing bind source an empty directory (on the host, where the helper was):
-    # a helper that vanished from the cache is an infra error, never a silent directory
-    for source in (wrapper_script(), decoy_bin(), init_script(), shim):
-        if source is not None and not source.exists():
-            listener.close()
-            fs.remove_tree(state)
-            raise SandboxInfraError(f"toolgym's sandbox helper {source} is missing (was the cache cleared?); "
-                                    "restart the process to rebuild it")
-    labels = {LABEL: "1", "toolgym.run": RUN_ID, "toolgym.episode": episode, "toolgym.pid": str(os.getpid()),
-              "toolgym.start": process_start(os.getpid()),
-              "toolgym.host": socket.gethostname(), "toolgym.state": str(state)}
-    try:
-        container = _call(
-            c.containers.run, config.image, command=["python3", "-I", "-S", INIT_MOUNT, "--connect",
-                                                     f"{CONTROL_DIR}/init.sock"], detach=True, network_mode="none",
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{uid}:{uid}",
-            mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", nano_cpus=int(lim.cpus * 1e9),
-            pids_limit=lim.pids, read_only=True, tmpfs={"/tmp": "rw,size=64m,mode=1777"}, sysctls=NO_IPC,
-            volumes=volumes, labels=labels, working_dir=WORKSPACE, hostname="sandbox")
-    except Exception as err:
-        listener.close()
-        fs.remove_tree(state)
-        import docker
-
-        if isinstance(err, docker.errors.ImageNotFound):
-            raise SandboxUnavailable(f"docker image {config.image!r} not found: run `toolgym sandbox build-image`") from None
-        raise SandboxInfraError(f"cannot start a container: {err}") from None
-    slot = _Slot(container, state)
-    try:
-        listener.settimeout(30)
-        conn, _ = listener.accept()
-        conn.settimeout(None)
-        slot.channel = InitChannel(conn)
-    except OSError as err:
-        remover().put(slot)
-        raise SandboxInfraError(f"the container's init did not connect: {err}") from None
-    finally:
-        listener.close()
-        (state / "ctl" / "init.sock").unlink(missing_ok=True)
-    return slot
-
-
-class _Remover:
-    """Removes closed containers in the background; `drain()` waits until all are gone."""
-
-    def __init__(self) -> None:
-        self.q: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        atexit.register(self.drain)
-
-    def _run(self) -> None:
-        while True:
-            slot = self.q.get()
-            slot.release()
-            try:
-                _call(slot.container.remove, force=True)
-            except Exception:
-                pass
-            fs.remove_tree(slot.state)
-            self.q.task_done()
-
-    def put(self, slot: _Slot) -> None:
-        self.q.put(slot)
-
-    def drain(self) -> None:
-        """Block until every queued container is removed."""
-        self.q.join()
-
-
-_REMOVER: _Remover | None = None
-
-
-def remover() -> _Remover:
-    """The process-wide background remover."""
-    global _REMOVER
-    if _REMOVER is None:
-        _REMOVER = _Remover()
-    return _REMOVER
-
-
-class WarmPool:
-    """Keeps `size` started containers ready for one sandbox config.
-
-    `recycle=True`: a closed sandbox's container comes back into the pool after a reset from
-    the host (every process killed through its cgroup, scratch directories, workspace and event
-    log emptied; System V and POSIX IPC are off in every container), instead of being removed and
-    replaced by a new one: no container start per use. Where the host cannot reset it (not
-    root), it is removed as usual."""
-
-    def __init__(self, config: SandboxConfig, size: int = 4, recycle: bool = False) -> None:
-        self.config = config
-        self.size = size
-        self.recycle = recycle
-        self.client = client()
-        reap_once(docker=True)
-        self.ready: queue.Queue[_Slot] = queue.Queue()
-        self.closed = False
-        self._want = threading.Semaphore(0)
-        self._filler = threading.Thread(target=self._fill, daemon=True)
-        for _ in range(size):
-            self._want.release()
-        self._filler.start()
-
-    def _fill(self) -> None:
-        while True:
-            self._want.acquire()
-            if self.closed:
-                return
-            try:
-                slot = _new_slot(self.client, self.config, "warm")
-                if self.closed:  # closed while this one was starting
-                    remover().put(slot)
-                    return
-                self.ready.put(slot)
-            except Exception:
-                time.sleep(0.5)
-                self._want.release()
-
-    def acquire(self, timeout_s: float = 120.0) -> _Slot:
-        """A started container (waits for one if none is ready)."""
-        if self.recycle:  # used ones come back: start a new container only when none is ready
-            try:
-                return self.ready.get_nowait()
-            except queue.Empty:
-                self._want.release()
-                return self.ready.get(timeout=timeout_s)
-        slot = self.ready.get(timeout=timeout_s)
-        self._want.release()
-        return slot
-
-    def give_back(self, slot: _Slot) -> None:
-        """A used container back into the pool, reset from the host (removed instead if it cannot
-        be reset, or the pool is closed or holds `size` ready ones already)."""
-        try:
-            recycled = (not self.closed and self.recycle and self.ready.qsize() < self.size
-                        and slot.container is not None and _host_reset(slot))
-        except Exception:  # whatever stops the reset, the container is not used again
-            recycled = False
-        (self.ready.put if recycled else remover().put)(slot)
-        if recycled and self.closed:  # closed meanwhile: nothing may stay in the pool
-            self.close()
-
-    def close(self) -> None:
-        """Stop refilling and remove the idle containers (one being started is removed too)."""
-        self.closed = True
-        self._want.release()
-        if self._filler is not threading.current_thread():
-            self._filler.join(timeout=60)
-        while True:
-            try:
-                remover().put(self.ready.get_nowait())
-            except queue.Empty:
-                break
-
-
-_SHARED_POOLS: dict[str, WarmPool] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_pool(config: SandboxConfig, size: int = 8) -> WarmPool:
-    """The process's recycling warm pool for `config` (started on first use; closed at exit):
-    short-lived sandboxes such as graders' take a started container, and give it back reset
-    from the host, instead of paying a container start and removal per use."""
-    key = config.model_dump_json()
-    with _SHARED_LOCK:
-        pool = _SHARED_POOLS.get(key)
-        if pool is None:
-            pool = _SHARED_POOLS[key] = WarmPool(config, size=size, recycle=True)
-        return pool
-
-
-@atexit.register
-def close_shared_pools() -> None:
-    """Close the shared pools and wait until their containers are removed."""
-    with _SHARED_LOCK:
-        pools = list(_SHARED_POOLS.values())
-        _SHARED_POOLS.clear()
-    for pool in pools:
-        pool.close()
-    if pools:
-        remover().drain()
 
 
 #: Kill everything, clear /tmp, then wait (up to ~1 s) until only init and this shell remain.
@@ -486,7 +77,7 @@ class DockerSandbox(Sandbox):
         self.canary_token, self._canary_text = new_canary() if self.config.canary else (None, "")
         self.pool = pool
         self._busy = threading.Lock()  # one command at a time through the container's init
-        self.slot = pool.acquire() if pool is not None else _new_slot(self.client, self.config, self.episode)
+        self.slot = pool.acquire() if pool is not None else new_slot(self.client, self.config, self.episode)
         self._snapshots: dict[str, Path] = {}
         self._prepare_slot()
 
@@ -543,9 +134,9 @@ class DockerSandbox(Sandbox):
 
     def _raw_exec(self, argv: list[str], env: dict[str, str] | None = None, workdir: str = WORKSPACE) -> tuple[int, str]:
         api = self.client.api
-        ex = _call(api.exec_create, self.slot.container.id, argv, user=f"{self.uid}:{self.uid}",
+        ex = daemon_call(api.exec_create, self.slot.container.id, argv, user=f"{self.uid}:{self.uid}",
                    workdir=workdir, environment=env)
-        out = _call(api.exec_start, ex["Id"])
+        out = daemon_call(api.exec_start, ex["Id"])
         code = _exit_code(api, ex["Id"])
         return (code if code is not None else -1), out.decode("utf-8", errors="replace")
 
@@ -570,7 +161,7 @@ class DockerSandbox(Sandbox):
         counters = self._counters()
         api = self.client.api
         start = time.perf_counter()
-        ex = _call(api.exec_create, self.slot.container.id, ["/bin/sh", "/.toolgym-wrapper.sh", cmd],
+        ex = daemon_call(api.exec_create, self.slot.container.id, ["/bin/sh", "/.toolgym-wrapper.sh", cmd],
                    user=f"{self.uid}:{self.uid}", workdir=cwd, environment=self._env(env, timeout))
         keep, kill_at = self.limits.output_bytes, self.limits.output_kill_bytes
         out, err = bytearray(), bytearray()
@@ -582,7 +173,7 @@ class DockerSandbox(Sandbox):
             # Only reads (and keeps draining past the cap) so the command never blocks on a full
             # pipe; killing is the caller's job.
             try:
-                for chunk_out, chunk_err in _call(api.exec_start, ex["Id"], stream=True, demux=True):
+                for chunk_out, chunk_err in daemon_call(api.exec_start, ex["Id"], stream=True, demux=True):
                     for i, (chunk, buf) in enumerate(((chunk_out, out), (chunk_err, err))):
                         if not chunk:
                             continue
@@ -660,7 +251,7 @@ class DockerSandbox(Sandbox):
             return 0
 
     def _cgroup_dirs(self) -> dict[str, Path]:
-        return _slot_cgroup_dirs(self.slot)
+        return cgroup_dirs(self.slot)
 
     def _counters(self) -> dict[str, int]:
         out = {"oom": 0, "pids_max": 0}
@@ -773,11 +364,11 @@ class DockerSandbox(Sandbox):
         return self._kill_inside() if killed is None else killed
 
     def _kill_from_host(self) -> int | None:
-        """See `_kill_from_host` (module level)."""
-        return _kill_from_host(self.slot)
+        """See `docker_pool.kill_from_host`."""
+        return kill_from_host(self.slot)
 
     def _clear_tmp_from_host(self) -> None:
-        _clear_scratch_from_host(self.slot)
+        clear_scratch_from_host(self.slot)
 
     def reset(self) -> None:
         """Kill everything, clear /tmp, restore the pristine workspace, clear the ledger.
@@ -821,7 +412,7 @@ class DockerSandbox(Sandbox):
         # A command still running through the init must end (and its thread let go of the
         # socket) before the container may serve anyone else.
         idle = self._busy.acquire(blocking=False)
-        if not idle and _kill_from_host(self.slot) is not None:
+        if not idle and kill_from_host(self.slot) is not None:
             idle = self._busy.acquire(timeout=10)
         if idle and self.pool is not None and self.pool.recycle:
             self.pool.give_back(self.slot)  # reset from the host, or removed if it cannot be

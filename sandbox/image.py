@@ -26,7 +26,7 @@ MIRROR = "http://deb.debian.org/debian"
 
 def image_exists(tag: str = DEFAULT_TAG) -> bool:
     """True if dockerd has `tag`."""
-    from toolgym.sandbox.docker_backend import client
+    from toolgym.sandbox.docker_pool import client
 
     import docker
 
@@ -71,7 +71,7 @@ def build_rootfs(dest: Path = ROOTFS_CACHE, force: bool = False, log=print) -> P
 
 def build_image(tag: str = DEFAULT_TAG, force: bool = False, log=print) -> str:
     """Build (or reuse) the base image; returns its tag."""
-    from toolgym.sandbox.docker_backend import client
+    from toolgym.sandbox.docker_pool import client
 
     rootfs = build_rootfs(force=force, log=log)  # bwrap sandboxes use the same tree (cached)
     if not force and image_exists(tag):

@@ -47,7 +47,7 @@ def reap_stale(docker: bool = False) -> int:
                 except OSError:
                     pass
     if docker:
-        from toolgym.sandbox.docker_backend import reap
+        from toolgym.sandbox.docker_pool import reap
 
         count += reap()
         _DONE.add("docker")

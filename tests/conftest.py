@@ -85,7 +85,7 @@ def require_backend(backend: str) -> None:
 
     try:
         if backend == "docker":
-            from toolgym.sandbox.docker_backend import client
+            from toolgym.sandbox.docker_pool import client
             from toolgym.sandbox.image import DEFAULT_TAG, image_exists
 
             client()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from toolgym.sandbox import SandboxConfig, make_sandbox
-from toolgym.sandbox.docker_backend import WarmPool, remover
+from toolgym.sandbox.docker_pool import WarmPool, remover
 
 CONFIG = SandboxConfig(backend="docker", canary=False)
 

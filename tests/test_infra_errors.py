@@ -156,3 +156,25 @@ print(len(oks), oks.count("a\\n"), errors[:3])
         assert not [p for p in os.listdir(os.path.join(cache, "native")) if p.endswith(".tmp")]  # none left behind
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_docker_with_a_helper_removed_is_infra_error_and_leaves_no_directory():
+    """docker's legacy binds would make an empty directory where a missing source was (the
+    helper's own path in the cache, breaking every later sandbox); toolgym's bind mounts fail."""
+    import pytest
+
+    from conftest import require_backend
+    from toolgym.sandbox import SandboxConfig, SandboxInfraError, make_sandbox
+    from toolgym.sandbox.native import wrapper_script
+
+    require_backend("docker")
+    path = wrapper_script()
+    os.rename(path, str(path) + ".away")
+    try:
+        with pytest.raises(SandboxInfraError, match="container"):
+            make_sandbox({"a.txt": "a\n"}, SandboxConfig(backend="docker", canary=False))
+        assert not os.path.lexists(path)
+    finally:
+        if os.path.isdir(path):
+            os.rmdir(path)
+        os.rename(str(path) + ".away", path)

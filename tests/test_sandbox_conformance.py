@@ -237,7 +237,7 @@ def test_close_leaves_nothing(backend):
     else:
         cid, state = box.slot.container.id, box.slot.state
         box.close(wait=True)
-        from toolgym.sandbox.docker_backend import client
+        from toolgym.sandbox.docker_pool import client
 
         assert not [c for c in client().containers.list(all=True) if c.id == cid]
         assert not state.exists()

@@ -12,16 +12,16 @@ def test_nothing_left_behind():
     import gc
 
     gc.collect()  # sandboxes dropped without close() are closed by their finalizers
-    from toolgym.sandbox import docker_backend
+    from toolgym.sandbox import docker_pool
     from toolgym.verifiers.judge import close_services
 
     # what lives as long as the process (judge services, shared warm pools) is closed at exit:
     # close it now, as exit would, and check that closing leaves nothing either
     close_services()
-    docker_backend.close_shared_pools()
+    docker_pool.close_shared_pools()
 
-    if docker_backend._REMOVER is not None:
-        docker_backend._REMOVER.drain()
+    if docker_pool._REMOVER is not None:
+        docker_pool._REMOVER.drain()
     deadline = time.time() + 10
     while True:
         problems = []

@@ -42,7 +42,7 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
     # a grader runs a command or two per sandbox: a fresh bwrap each beats starting a resident init
     config = config.model_copy(update={"canary": False, "resident": False})
     if pool is None and config.backend == "docker":
-        from toolgym.sandbox.docker_backend import shared_pool
+        from toolgym.sandbox.docker_pool import shared_pool
 
         pool = shared_pool(config)
     box = make_sandbox(files, config, pool=pool)

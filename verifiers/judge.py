@@ -234,7 +234,7 @@ def close_services() -> None:
             service.close()
         except Exception:
             pass
-    docker = sys.modules.get("toolgym.sandbox.docker_backend")
+    docker = sys.modules.get("toolgym.sandbox.docker_pool")
     if services and docker is not None and docker._REMOVER is not None:
         docker._REMOVER.drain()  # exit handlers run last-registered first: the remover's may be done
 
