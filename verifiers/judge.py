@@ -98,8 +98,10 @@ class JudgeService:
 
     def _read_replies(self) -> None:
         pending = b""
+        poller = select.poll()  # not select(): a harness with many sandboxes has fds past 1024
+        poller.register(self._replies, select.POLLIN)
         while self.dead is None:
-            if not select.select([self._replies], [], [], 0.5)[0]:
+            if not poller.poll(500):
                 continue
             try:
                 pending += os.read(self._replies, 65536)
