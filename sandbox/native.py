@@ -55,34 +55,32 @@ def _publish(tmp: Path, path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@lru_cache(maxsize=1)
-def wrapper_script() -> Path:
-    """Path of the exec wrapper (a file the sandboxes bind read-only)."""
-    data = _source("wrapper.sh")
-    path = CACHE / f"wrapper-{hashlib.sha256(data).hexdigest()[:12]}.sh"
+def _cached_source(name: str, mode: int) -> Path:
+    """A copy of `_native/<name>` in the cache, named by its content hash (sandboxes bind it
+    read-only; a changed source gets a new name, so a running sandbox keeps its own)."""
+    data = _source(name)
+    stem, _, suffix = name.rpartition(".")
+    path = CACHE / f"{stem}-{hashlib.sha256(data).hexdigest()[:12]}.{suffix}"
     with _BUILD_LOCK:
         if not path.exists():
             _make_cache()
             tmp = _temp_name(path)
             tmp.write_bytes(data)
-            os.chmod(tmp, 0o755)
+            os.chmod(tmp, mode)
             _publish(tmp, path)
     return path
+
+
+@lru_cache(maxsize=1)
+def wrapper_script() -> Path:
+    """Path of the exec wrapper (a file the sandboxes bind read-only)."""
+    return _cached_source("wrapper.sh", 0o755)
 
 
 @lru_cache(maxsize=1)
 def init_script() -> Path:
     """Path of the resident init (`_native/init.py`, a file the sandboxes bind read-only)."""
-    data = _source("init.py")
-    path = CACHE / f"init-{hashlib.sha256(data).hexdigest()[:12]}.py"
-    with _BUILD_LOCK:
-        if not path.exists():
-            _make_cache()
-            tmp = _temp_name(path)
-            tmp.write_bytes(data)
-            os.chmod(tmp, 0o644)
-            _publish(tmp, path)
-    return path
+    return _cached_source("init.py", 0o644)
 
 
 DECOYS = ("sudo", "su", "doas", "pkexec", "mount", "umount", "nsenter", "unshare", "chroot", "capsh", "setcap",
