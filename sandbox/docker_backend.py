@@ -77,8 +77,13 @@ class DockerSandbox(Sandbox):
         self.canary_token, self._canary_text = new_canary() if self.config.canary else (None, "")
         self.pool = pool
         self._busy = threading.Lock()  # one command at a time through the container's init
-        self.slot = pool.acquire() if pool is not None else new_slot(self.client, self.config, self.episode)
         self._snapshots: dict[str, Path] = {}
+        try:
+            self.slot = pool.acquire() if pool is not None else new_slot(self.client, self.config, self.episode)
+        except BaseException:  # no container: nothing of this sandbox may stay on the host
+            fs.remove_tree(self.pristine)
+            self.closed = True
+            raise
         self._prepare_slot()
 
     # ---- host-side state ---------------------------------------------------------------------------
