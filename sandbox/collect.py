@@ -47,8 +47,7 @@ def collect_fds(out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: 
     for stream in streams:
         os.set_blocking(stream, False)
         sel.register(stream, selectors.EVENT_READ)
-    pidfd = exit_fd
-    sel.register(pidfd, selectors.EVENT_READ)
+    sel.register(exit_fd, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout_s
     exited = False
     try:
@@ -62,9 +61,9 @@ def collect_fds(out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: 
             if remaining <= 0:
                 break
             for key, _ in sel.select(remaining):
-                if key.fileobj == pidfd:
+                if key.fileobj == exit_fd:
                     exited = True
-                    sel.unregister(pidfd)
+                    sel.unregister(exit_fd)
                     continue
                 stream = key.fileobj
                 try:
