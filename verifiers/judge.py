@@ -28,7 +28,7 @@ from toolgym.sandbox import Limits, Sandbox, SandboxConfig, SandboxError, make_s
 from toolgym.sandbox.fs import read_regular, remove_tree
 
 SERVER_DIR = ".judge"
-JUDGE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+JUDGE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # -I ignores PYTHON* variables: the server gets -B
 
 
 class JudgeError(SandboxError):
