@@ -107,7 +107,7 @@ def profile_docker_reset(pool: WarmPool, n: int) -> dict:
         box._clear_tmp_from_host()
         host.append(time.perf_counter() - t)
         t = time.perf_counter()
-        box._restore_dir(box.pristine)
+        box._write_pristine()
         restore.append(time.perf_counter() - t)
     box.close()
     return {"kill_and_clear_inside": pct(inside), "kill_and_clear_from_host": pct(host), "restore_workspace": pct(restore)}

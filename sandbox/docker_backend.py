@@ -71,9 +71,9 @@ class DockerSandbox(Sandbox):
         self.ledger = Ledger()
         self.closed = False
         self.episode = episode or uuid.uuid4().hex[:8]
-        self.pristine = Path(tempfile.mkdtemp(prefix=f"toolgym-docker-pristine-{os.getpid()}-"))
-        fs.write_files(self.pristine, workspace or {})
-        self._pristine_tree = fs.read_tree(self.pristine)
+        # The pristine workspace stays in memory: it is written straight into the container's
+        # directory (no copy of it on disk to write, read back and copy per sandbox).
+        self._workspace = dict(workspace or {})
         self.canary_token, self._canary_text = new_canary() if self.config.canary else (None, "")
         self.pool = pool
         self._busy = threading.Lock()  # one command at a time through the container's init
@@ -81,10 +81,10 @@ class DockerSandbox(Sandbox):
         try:
             self.slot = pool.acquire() if pool is not None else new_slot(self.client, self.config, self.episode)
         except BaseException:  # no container: nothing of this sandbox may stay on the host
-            fs.remove_tree(self.pristine)
             self.closed = True
             raise
         self._prepare_slot()
+        self._pristine_tree = fs.read_tree(self.ws)  # before any command: the pristine tree
 
     # ---- host-side state ---------------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ class DockerSandbox(Sandbox):
         return self.slot.state / "ws"
 
     def _prepare_slot(self) -> None:
-        self._restore_dir(self.pristine)
+        self._write_pristine()
         home = self.slot.state / "home"
         if self.config.canary:
             fs.write_files(home, {".aws/credentials": self._canary_text})
@@ -102,12 +102,21 @@ class DockerSandbox(Sandbox):
         (self.slot.state / "log" / "events").write_text("")
         os.chown(self.slot.state / "log" / "events", self.uid, self.uid)
 
-    def _restore_dir(self, source: Path) -> None:
+    def _clear_ws(self) -> None:
         for child in list(self.ws.iterdir()):
             if child.is_dir() and not child.is_symlink():
                 fs.remove_tree(child)
             else:
                 child.unlink()
+
+    def _write_pristine(self) -> None:
+        """The workspace as the task gave it, owned by the sandbox's uid."""
+        self._clear_ws()
+        fs.write_files(self.ws, self._workspace)
+        fs.chown_tree(self.ws, self.uid)
+
+    def _restore_dir(self, source: Path) -> None:
+        self._clear_ws()
         shutil.copytree(source, self.ws, symlinks=True, dirs_exist_ok=True)
         fs.chown_tree(self.ws, self.uid)
 
@@ -388,7 +397,7 @@ class DockerSandbox(Sandbox):
             code, out = self._raw_exec(["/bin/sh", "-c", RESET_SCRIPT])
             if code != 0:
                 raise SandboxInfraError(f"reset left processes behind in the container: {out.strip()[-200:]}")
-        self._restore_dir(self.pristine)
+        self._write_pristine()
         (self.slot.state / "log" / "events").write_text("")
         self.ledger.clear()
 
@@ -396,7 +405,7 @@ class DockerSandbox(Sandbox):
         """Copy the workspace aside; returns the snapshot id."""
         self._check_open()
         sid = uuid.uuid4().hex[:8]
-        dest = self.pristine.parent / f"{self.pristine.name}-snap-{sid}"
+        dest = Path(tempfile.mkdtemp(prefix=f"toolgym-docker-snap-{os.getpid()}-{sid}-")) / "ws"
         shutil.copytree(self.ws, dest, symlinks=True)
         self._snapshots[sid] = dest
         return sid
@@ -423,9 +432,8 @@ class DockerSandbox(Sandbox):
             self.pool.give_back(self.slot)  # reset from the host, or removed if it cannot be
         else:
             remover().put(self.slot)
-        fs.remove_tree(self.pristine)
         for snap in self._snapshots.values():
-            fs.remove_tree(snap)
+            fs.remove_tree(snap.parent)
         if wait:
             remover().drain()
 

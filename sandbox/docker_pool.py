@@ -351,25 +351,51 @@ class WarmPool:
         self.ready: queue.Queue[_Slot] = queue.Queue()
         self.closed = False
         self._want = threading.Semaphore(0)
+        self._pending = 0  # containers asked of the filler and not ready yet
+        self._pending_lock = threading.Lock()
         self._filler = threading.Thread(target=self._fill, daemon=True)
         for _ in range(size):
-            self._want.release()
+            self._ask()
         self._filler.start()
+
+    def _ask(self) -> None:
+        """One more container for the filler to start."""
+        with self._pending_lock:
+            self._pending += 1
+        self._want.release()
+
+    def _full(self) -> bool:
+        # a recycling pool gets its used containers back: past `size` ready, another is waste
+        return self.recycle and self.ready.qsize() >= self.size
 
     def _fill(self) -> None:
         while True:
             self._want.acquire()
             if self.closed:
                 return
-            try:
-                slot = new_slot(self.client, self.config, "warm")
+            if not self._full():
+                try:
+                    slot = new_slot(self.client, self.config, "warm")
+                except Exception:
+                    time.sleep(0.5)
+                    self._want.release()  # still pending: try again
+                    continue
                 if self.closed:  # closed while this one was starting
                     remover().put(slot)
                     return
-                self.ready.put(slot)
-            except Exception:
-                time.sleep(0.5)
-                self._want.release()
+                (remover().put if self._full() else self.ready.put)(slot)
+            with self._pending_lock:
+                self._pending -= 1
+
+    def wait_settled(self, timeout_s: float = 120.0) -> bool:
+        """Wait until `size` containers are ready and none is being started (a benchmark's
+        timing starts there, not while the pool still fills); False if it did not settle."""
+        deadline = time.monotonic() + timeout_s
+        while self.ready.qsize() < self.size or self._pending:
+            if time.monotonic() > deadline or self.closed:
+                return False
+            time.sleep(0.05)
+        return True
 
     def acquire(self, timeout_s: float = 120.0) -> _Slot:
         """A started container (waits for one if none is ready)."""
@@ -377,10 +403,10 @@ class WarmPool:
             try:
                 return self.ready.get_nowait()
             except queue.Empty:
-                self._want.release()
+                self._ask()
                 return self.ready.get(timeout=timeout_s)
         slot = self.ready.get(timeout=timeout_s)
-        self._want.release()
+        self._ask()
         return slot
 
     def give_back(self, slot: _Slot) -> None:

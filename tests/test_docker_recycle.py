@@ -54,3 +54,31 @@ def test_where_the_sandbox_user_can_write_is_what_reset_empties(pool):
         # /proc/keys and /proc/timer_list are docker's masks (/dev/null); /dev/mqueue takes no queue
         assert set(mounts) - {"/proc/keys", "/proc/timer_list", "/dev/mqueue"} == {"/tmp", "/dev/shm", "/workspace",
                                                                                    "/.toolgym"}
+
+
+def test_a_full_pool_starts_no_container_it_would_throw_away(monkeypatch):
+    """A start asked for while the pool was empty, still waiting when used containers came
+    back and filled it, starts nothing: past its size a recycling pool would only remove it."""
+    from conftest import require_backend
+
+    from toolgym.sandbox import docker_pool
+
+    require_backend("docker")
+    started = []
+    real_new_slot = docker_pool.new_slot
+
+    def counting_new_slot(c, config, episode):
+        started.append(config)
+        return real_new_slot(c, config, episode)
+
+    monkeypatch.setattr(docker_pool, "new_slot", counting_new_slot)
+    warm = WarmPool(CONFIG, size=1, recycle=True)
+    try:
+        assert warm.wait_settled(timeout_s=60) and warm.ready.qsize() == 1
+        assert sum(config is CONFIG for config in started) == 1
+        warm._ask()  # what `acquire` does on an empty pool
+        assert warm.wait_settled(timeout_s=60)
+        assert warm.ready.qsize() == 1 and sum(config is CONFIG for config in started) == 1
+    finally:
+        warm.close()
+        remover().drain()

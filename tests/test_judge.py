@@ -61,3 +61,16 @@ def test_the_judge_holds_no_agent_file(config):
     files = sorted(p.name for p in service.host_dir.iterdir())
     assert files == [".judge"], files  # the job's directory is gone after the judgement
     assert not any(path in task.workspace for path in files)
+
+
+def test_a_conftest_that_adds_options_still_gets_them(config):
+    """The server keeps pytest's argument parser between parses; a conftest adding an option
+    must still see it parsed (the kept parser is rebuilt), and fixtures stay available."""
+    service = judge_service(config)
+    seen = service.judge({"conftest.py": "def pytest_addoption(parser):\n    parser.addoption('--flavour', default='plain')\n",
+                          "test_opt.py": "def test_opt(request):\n    assert request.config.getoption('flavour') == 'plain'\n\n"
+                                         "def test_fixtures(tmp_path, monkeypatch, capsys):\n    print('hi')\n"
+                                         "    assert capsys.readouterr().out == 'hi\\n' and tmp_path.is_dir()\n",
+                          "pytest.ini": "[pytest]\n"}, 30)
+    assert seen.exit_code == 0, seen.output
+    assert seen.junit is not None and seen.junit.count("<testcase") == 2

@@ -231,6 +231,32 @@ def test_probe_records_are_parsed_defensively():
     assert parse_probe_records(out) == {"a": {"value": "1"}, "c": {"error": "ValueError", "message": "m"}}
 
 
+def test_the_probe_runner_writes_json_as_the_json_module_does():
+    """The runner reads and writes JSON with `_json` alone (start-up time): same text, same data."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("probe_runner", verifiers_dir() / "_grader" / "probe_runner.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    for record in [{"id": "case_0", "value": "'q\"\\x\\n\u00e9\U0001f600'"},
+                   {"id": "\ud800", "error": "ValueError", "message": "\x00\x1f\x7f"}]:
+        assert runner.dump_record(record) == json.dumps(record) + "\n"
+        assert json.loads(runner.dump_record(record)) == record
+    probes = {"per_probe_s": 5.0, "probes": [{"id": "a", "code": "result = [1, 2.5, None, True]\n"}]}
+    assert runner.load_json(" " + json.dumps(probes) + "\n") == probes
+    with pytest.raises(ValueError):
+        runner.load_json(json.dumps(probes) + " trailing")
+
+
+def verifiers_dir():
+    from pathlib import Path
+
+    import toolgym.verifiers
+
+    return Path(toolgym.verifiers.__file__).parent
+
+
 def test_tests_task_without_probes_is_a_verifier_error(config):
     task = code_task(0)
     bare = task.model_copy(update={"hidden": task.hidden.model_copy(update={"probes": ()})})

@@ -14,6 +14,12 @@ def _protected(path: str, task: Task) -> bool:
     return is_protected(path, tuple(task.hidden.protected))
 
 
+def grading_config(config: SandboxConfig) -> SandboxConfig:
+    """The sandbox config a grader's sandbox runs under (its docker pool is this config's)."""
+    # a grader runs a command or two per sandbox: a fresh bwrap each beats starting a resident init
+    return config.model_copy(update={"canary": False, "resident": False})
+
+
 def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxConfig,
                     modes: dict[str, int] | None = None,
                     extra: dict[str, str] | None = None, pool=None) -> tuple[Sandbox, list[str]]:
@@ -39,8 +45,7 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
             files = {n: t for n, t in files.items() if not n.startswith(rel + "/")}  # a file replaced a dir
             files[rel] = text
     files.update(extra or {})
-    # a grader runs a command or two per sandbox: a fresh bwrap each beats starting a resident init
-    config = config.model_copy(update={"canary": False, "resident": False})
+    config = grading_config(config)
     if pool is None and config.backend == "docker":
         from toolgym.sandbox.docker_pool import shared_pool
 

@@ -23,9 +23,9 @@ the hidden tests guard against a judge that did not really run.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
-import threading
 import time
 import xml.etree.ElementTree as ET
 from importlib import resources
@@ -34,7 +34,7 @@ from typing import Callable
 from toolgym.sandbox import SandboxConfig, SandboxError
 from toolgym.tasks import Task
 from toolgym.verifiers.grading import grading_sandbox
-from toolgym.verifiers.judge import JudgeJob, judge_service
+from toolgym.verifiers.judge import JudgeService, judge_service
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
 SENTINEL = "test_toolgym_sentinel"
@@ -44,6 +44,7 @@ JUDGE_INI = "[pytest]\npythonpath = .\n"
 RESULTS_FILE = "probe_results.json"
 
 
+@functools.cache
 def grader_source(name: str) -> str:
     """Text of one of the grader's own scripts (`verifiers/_grader/`)."""
     return resources.files("toolgym.verifiers").joinpath("_grader", name).read_text()
@@ -99,23 +100,20 @@ class HiddenTestVerifier:
             return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR, duration_s=0.0,
                            reason=f"task {task.id} has hidden tests but no probes: hidden tests judge probe results "
                                   "and never import the agent's code (see HiddenSpec)")
-        judge: dict[str, JudgeJob | str] = {}
-        builder = threading.Thread(target=self._prepare_judge, args=(task, judge), daemon=True)
-        builder.start()  # the judge prepares (and on first use, starts) while the probes run
-        stages: dict[str, float] = {}  # where the time went (the verdict's details carry it)
         try:
-            outcome = self._run_probes(task, final_state, stages)
-        finally:
-            builder.join()
+            # fetched (on first use, started) before the probes: a judge that dies while they run
+            # fails this grading as the grader's fault, not silently replaced by a new one
+            service = judge_service(self.config)
+        except Exception as err:  # whatever stops the judge is ours: an infra error, never the agent's
+            return self._verdict(0.0, False, Outcome.INFRA_ERROR, [], f"could not build the judge sandbox: "
+                                 f"{type(err).__name__}: {err}", start, [])
+        stages: dict[str, float] = {}  # where the time went (the verdict's details carry it)
+        outcome = self._run_probes(task, final_state, stages)
         tamper = outcome.pop("tamper")
-        job = judge.get("job")
-        if "error" in outcome or not isinstance(job, JudgeJob):
-            if isinstance(job, JudgeJob):
-                job.cancel()
-            reason = outcome.get("error") or f"could not build the judge sandbox: {judge.get('error')}"
-            return self._verdict(0.0, False, Outcome.INFRA_ERROR, [], reason, start, tamper)
+        if "error" in outcome:
+            return self._verdict(0.0, False, Outcome.INFRA_ERROR, [], outcome["error"], start, tamper)
         judged = time.perf_counter()
-        verdict = self._judge(task, job, outcome, tamper, start)
+        verdict = self._judge(task, service, outcome, tamper, start)
         verdict.details["stages_s"] = {**stages, "judge": time.perf_counter() - judged}
         return verdict
 
@@ -162,20 +160,15 @@ class HiddenTestVerifier:
 
     # ---- stage 2: the judge, where no agent code ever ran ---------------------------------------
 
-    def _prepare_judge(self, task: Task, out: dict) -> None:
-        """The judgement's files but the records, and pytest's configuration, ready in advance."""
-        files = dict(task.hidden.files)
-        files.update({SENTINEL_FILE: SENTINEL_CODE, "pytest.ini": JUDGE_INI,
-                      "toolgym_probes.py": grader_source("toolgym_probes.py")})
-        try:
-            out["job"] = judge_service(self.config).prepare(files)
-        except Exception as err:  # whatever stops the judge is ours: an infra error, never the agent's
-            out["error"] = f"{type(err).__name__}: {err}"
-
-    def _judge(self, task: Task, job: JudgeJob, probes: dict, tamper: list[dict], start: float) -> Verdict:
+    def _judge(self, task: Task, service: JudgeService, probes: dict, tamper: list[dict], start: float) -> Verdict:
+        """Stage 2: the hidden tests, our sentinel and the probe records, judged by real pytest."""
         hidden = task.hidden
+        files = dict(hidden.files)
+        files.update({SENTINEL_FILE: SENTINEL_CODE, "pytest.ini": JUDGE_INI,
+                      "toolgym_probes.py": grader_source("toolgym_probes.py"),
+                      RESULTS_FILE: json.dumps(probes["records"])})
         try:
-            res = job.run({RESULTS_FILE: json.dumps(probes["records"])}, hidden.timeout_s)
+            res = service.judge(files, hidden.timeout_s)
             if res.exit_code < 0:
                 raise SandboxError(f"the judge was killed (signal {-res.exit_code}; it times out after "
                                    f"{hidden.timeout_s}s): {res.output[-200:]}")

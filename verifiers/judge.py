@@ -10,8 +10,9 @@ next; the JUnit report is read on the host's side. A judge that fails (the serve
 timed out) is the grader's fault and is reported as such, never as the agent's.
 
 The channel: the host writes a job directory into a directory both sides see
-(`Sandbox.host_channel`) and names it on a request FIFO; the server answers "JOB CODE" on a
-reply FIFO once the child has exited.
+(`Sandbox.host_channel`) and names it on a request FIFO; the server forks a child that parses
+its arguments into a pytest configuration the server built once, and runs; it answers "JOB
+CODE" on a reply FIFO once the child has exited.
 """
 
 from __future__ import annotations
@@ -116,28 +117,40 @@ class JudgeService:
                         slot[1] = int(code)
                         slot[0].set()
 
-    def prepare(self, files: dict[str, str]) -> "JudgeJob":
-        """Start a judgement of `files` (written into a fresh job directory): pytest prepares its
-        configuration there while the caller gets the rest ready (`JudgeJob.run`)."""
+    def judge(self, files: dict[str, str], timeout_s: float) -> Judgement:
+        """Run pytest on `files` (written into a fresh job directory) and return what it left.
+        Raises `JudgeError` if the service cannot judge."""
         if self.dead:
             raise JudgeError(self.dead)
-        job = JudgeJob(self, f"job-{secrets.token_hex(8)}")
-        job.directory.mkdir()
+        name = f"job-{secrets.token_hex(8)}"
+        directory = self.host_dir / name
+        done = threading.Event()
+        slot: list = [done, None]  # set with the exit code by the reply reader
         try:
-            job.write(files)
-            self._own(job.directory)  # the child writes its report and output there
+            directory.mkdir()
+            for rel, text in files.items():
+                path = directory / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+                os.chmod(path, 0o644)
+            self._own(directory)  # the child writes its report and output there
+            with self._lock:  # a server that died before this line has failed every waiter already
+                if self.dead:
+                    raise JudgeError(self.dead)
+                self._waiting[name] = slot
+            self._request(f"run {name} {timeout_s}")
+            # the server kills the job at its deadline; past that plus a margin, the server is stuck
+            if not done.wait(timeout_s + 30) or slot[1] is None:
+                raise JudgeError(self.dead or f"the judge server did not answer within {timeout_s + 30:.0f}s")
+            junit = directory / "junit.xml"
+            report = read_regular(junit).decode("utf-8", errors="replace") if junit.exists() else None
+            output = directory / "output.txt"
+            text = read_regular(output).decode("utf-8", errors="replace")[-2000:] if output.exists() else ""
+            return Judgement(slot[1], report, text)
+        finally:
             with self._lock:
-                self._waiting[job.name] = job.slot
-            self._request(f"prep {job.name}")
-        except BaseException:
-            job.cancel()
-            raise
-        return job
-
-    def judge(self, files: dict[str, str], timeout_s: float) -> Judgement:
-        """Run pytest on `files` and return what it left. Raises `JudgeError` if the service
-        cannot judge."""
-        return self.prepare(files).run({}, timeout_s)
+                self._waiting.pop(name, None)
+            remove_tree(directory)
 
     def _request(self, line: str) -> None:
         os.write(self._requests, (line + "\n").encode())
@@ -151,60 +164,6 @@ class JudgeService:
                 os.close(fd)
             except OSError:
                 pass
-
-
-class JudgeJob:
-    """One judgement in preparation (see `JudgeService.prepare`): `run` it or `cancel` it."""
-
-    def __init__(self, service: JudgeService, name: str) -> None:
-        self.service = service
-        self.name = name
-        self.directory = service.host_dir / name
-        self.slot: list = [threading.Event(), None]  # set with the exit code by the reply reader
-        self.done = False
-
-    def write(self, files: dict[str, str]) -> None:
-        for rel, text in files.items():
-            path = self.directory / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            os.chmod(path, 0o644)
-
-    def run(self, files: dict[str, str], timeout_s: float) -> Judgement:
-        """Add `files` (the probe records), run the tests, and return what they left."""
-        service = self.service
-        try:
-            self.write(files)
-            if service.dead:
-                raise JudgeError(service.dead)
-            service._request(f"go {self.name} {timeout_s}")
-            # the server kills the job at its deadline; past that plus a margin, the server is stuck
-            if not self.slot[0].wait(timeout_s + 30) or self.slot[1] is None:
-                raise JudgeError(service.dead or f"the judge server did not answer within {timeout_s + 30:.0f}s")
-            junit = self.directory / "junit.xml"
-            report = read_regular(junit).decode("utf-8", errors="replace") if junit.exists() else None
-            output = self.directory / "output.txt"
-            text = read_regular(output).decode("utf-8", errors="replace")[-2000:] if output.exists() else ""
-            return Judgement(self.slot[1], report, text)
-        finally:
-            self._finish()
-
-    def cancel(self) -> None:
-        """The judgement is not needed: its prepared process exits."""
-        if not self.done and not self.service.dead:
-            try:
-                self.service._request(f"cancel {self.name}")
-            except OSError:
-                pass
-        self._finish()
-
-    def _finish(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        with self.service._lock:
-            self.service._waiting.pop(self.name, None)
-        remove_tree(self.directory)
 
 
 _SERVICES: dict[str, JudgeService] = {}
@@ -241,4 +200,4 @@ def close_services() -> None:
         docker._REMOVER.drain()  # exit handlers run last-registered first: the remover's may be done
 
 
-__all__ = ["JudgeError", "JudgeJob", "JudgeService", "Judgement", "close_services", "judge_service"]
+__all__ = ["JudgeError", "JudgeService", "Judgement", "close_services", "judge_service"]

@@ -8,11 +8,13 @@ judge (stage 2, another sandbox) accepts only builtin values of exact types, par
 are sent to stderr so they cannot interleave with the records.
 
 Standard library only; everything it needs is imported before the workspace joins `sys.path`.
+It reads and writes JSON with `_json`, the C half of `json`, and sets its alarm with `_signal`:
+the full modules import `re` and `enum`, a third of this process's start-up (every grading pays it).
 """
 
-import json
+import _json
+import _signal
 import os
-import signal
 import sys
 
 PLAIN_SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -33,6 +35,31 @@ def is_plain(value, depth=0):
     return False
 
 
+class _Decoding:
+    """What `_json.make_scanner` reads from a decoder: plain JSON, nothing hooked."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # NaN, Infinity, -Infinity
+
+
+def load_json(text):
+    """The JSON value `text` holds (the probe spec, written by the host)."""
+    value, end = _json.make_scanner(_Decoding())(text, len(text) - len(text.lstrip()))
+    if text[end:].strip():
+        raise ValueError("extra data after the probe spec")
+    return value
+
+
+def dump_record(record):
+    """One record (a dict of strings) as a line of ASCII JSON, exactly as `json.dumps` writes it."""
+    enc = _json.encode_basestring_ascii
+    return "{" + ", ".join(enc(k) + ": " + enc(v) for k, v in record.items()) + "}\n"
+
+
 class ProbeTimeout(Exception):
     """One probe ran past its time budget."""
 
@@ -43,22 +70,22 @@ def _alarm(signum, frame):
 
 def main():
     with open(sys.argv[1]) as f:
-        spec = json.load(f)
+        spec = load_json(f.read())
     per_probe_s = float(spec.get("per_probe_s", 10))
     out = os.dup(1)
     os.dup2(2, 1)  # the agent's prints go to stderr
     sys.stdout = sys.stderr
     sys.path.insert(0, os.getcwd())
-    signal.signal(signal.SIGALRM, _alarm)
+    _signal.signal(_signal.SIGALRM, _alarm)
     for probe in spec["probes"]:
         scope = {"__name__": "__toolgym_probe__"}
         record = {"id": probe["id"]}
         try:
-            signal.setitimer(signal.ITIMER_REAL, per_probe_s)
+            _signal.setitimer(_signal.ITIMER_REAL, per_probe_s)
             try:
                 exec(compile(probe["code"], "<probe %s>" % probe["id"], "exec"), scope)
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                _signal.setitimer(_signal.ITIMER_REAL, 0)
             value = scope.get("result")
             if is_plain(value):
                 record["value"] = repr(value)
@@ -72,7 +99,7 @@ def main():
                 record["message"] = str(err)[:200]
             except BaseException:
                 record["message"] = "(unprintable)"
-        os.write(out, (json.dumps(record) + "\n").encode())
+        os.write(out, dump_record(record).encode())
 
 
 if __name__ == "__main__":
