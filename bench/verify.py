@@ -87,10 +87,10 @@ def machine_ceiling(rounds: int) -> float:
         for _ in range(rounds):
             t = time.perf_counter()
             for _ in range(8):
-                _spin(20_000)
+                _spin(40_000)
             one = time.perf_counter() - t
             t = time.perf_counter()
-            list(pool.map(_spin, [20_000] * 8))
+            list(pool.map(_spin, [40_000] * 8))
             ratios.append(one / (time.perf_counter() - t))
     return float(np.median(ratios))
 
