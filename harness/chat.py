@@ -9,6 +9,7 @@ template adds after the assistant's end-of-turn token). Earlier tokens are never
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from typing import Any
 
@@ -71,8 +72,31 @@ class ChatRenderer:
             chat_template=self.chat_template)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, with no special tokens added around it."""
+        """Token ids of `text`, with no special tokens added around it (special-token strings in it
+        become special tokens: for the template's own glue and the policy's own text only)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_data(self, text: str) -> list[int]:
+        """Token ids of data (a tool's output, an instruction from a task file): special-token
+        strings in it stay plain text, so the data can never open or close a turn."""
+        return encode_as_text(self.tokenizer, text)
+
+    def encode_render(self, text: str, contents: list[str]) -> list[int]:
+        """Token ids of a render made from `mark_contents` messages: the template's glue encoded
+        with its special tokens, each marked content as data (`encode_data`)."""
+        ids: list[int] = []
+        pos, seen = 0, set()
+        for match in _MARK.finditer(text):
+            ids += self.encode(text[pos:match.start()])
+            index = int(match.group(1))
+            if index in seen:
+                raise TemplateError("the chat template renders a message's content twice; toolgym cannot "
+                                    "keep data apart from the template's glue with it")
+            seen.add(index)
+            ids += self.encode_data(contents[index])
+            pos = match.end()
+        ids += self.encode(text[pos:])
+        return ids
 
     def initial_messages(self, instruction: str) -> list[dict[str, Any]]:
         """System (if any) and user messages that open an episode."""
@@ -80,12 +104,25 @@ class ChatRenderer:
         return msgs + [{"role": "user", "content": instruction}]
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Token ids of the opening messages plus the generation prompt."""
-        return self.encode(self.render_text(messages, add_generation_prompt=True))
+        """Token ids of the opening messages plus the generation prompt (their contents as data)."""
+        marked, contents = mark_contents(messages)
+        return self.encode_render(self.render_text(marked, add_generation_prompt=True), contents)
+
+    def render_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of a whole conversation rendered at once: every content as data but the
+        assistant's (the policy's own text). What incremental assembly must equal."""
+        marked, contents = mark_contents(messages, skip_roles=("assistant",))
+        return self.encode_render(self.render_text(marked), contents)
 
     def delta_text(self, new_messages: list[dict[str, Any]], opening: list[dict[str, Any]] | None = None) -> str:
         """Text the template adds after an assistant's end-of-turn token for `new_messages`, up to
-        and including the next generation prompt."""
+        and including the next generation prompt (for reading; `delta_ids` encodes it safely)."""
+        return _unmark(*self._marked_delta(mark_contents(new_messages), opening))
+
+    def _marked_delta(self, marked_new: tuple[list[dict[str, Any]], list[str]],
+                      opening: list[dict[str, Any]] | None = None) -> tuple[str, list[str]]:
+        """`delta_text` with each new message's content as a mark, and the contents."""
+        new_messages, contents = marked_new
         base = (opening or self.initial_messages("PLACEHOLDER_QUERY")) + [
             {"role": "assistant", "content": _PLACEHOLDER}]
         tok = self.tokenizer
@@ -106,11 +143,55 @@ class ChatRenderer:
         cut = before.rfind(self.eot, before.find(_PLACEHOLDER))
         if cut < 0:
             raise TemplateError(f"the rendered assistant turn does not end with {self.eot!r}")
-        return after[cut + len(self.eot):]
+        return after[cut + len(self.eot):], contents
 
     def delta_ids(self, new_messages: list[dict[str, Any]], opening: list[dict[str, Any]] | None = None) -> list[int]:
-        """Token ids of `delta_text`: appended after the policy's own end-of-turn token."""
-        return self.encode(self.delta_text(new_messages, opening))
+        """Token ids of `delta_text`, appended after the policy's own end-of-turn token: the
+        template's glue with its special tokens, the messages' contents as data."""
+        text, contents = self._marked_delta(mark_contents(new_messages), opening)
+        return self.encode_render(text, contents)
+
+
+#: Private-use characters around a content's index in a render: where data sits in the template's text.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_MARK = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+
+
+def mark_contents(messages: list[dict[str, Any]], skip_roles: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], list[str]]:
+    """Copies of `messages` whose string contents are replaced by marks, and the contents: the
+    template renders around the marks, and `encode_render` encodes what is inside them as data."""
+    marked, contents = [], []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str) and message.get("role") not in skip_roles:
+            message = dict(message, content=f"{_OPEN}{len(contents)}{_CLOSE}")
+            contents.append(content)
+        marked.append(message)
+    return marked, contents
+
+
+def _unmark(text: str, contents: list[str]) -> str:
+    return _MARK.sub(lambda m: contents[int(m.group(1))], text)
+
+
+def encode_as_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` with special-token strings in it encoded as plain text (fast tokenizers:
+    `split_special_tokens`; others: each special string split at its first character)."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    except TypeError:  # a tokenizer without the option: encode around each special string
+        specials = sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t and t in text},
+                          key=len, reverse=True)
+        if not specials:
+            return tokenizer.encode(text, add_special_tokens=False)
+        ids: list[int] = []
+        for piece in re.split("(" + "|".join(re.escape(t) for t in specials) + ")", text):
+            if piece in specials:
+                ids += tokenizer.encode(piece[0], add_special_tokens=False) + \
+                    tokenizer.encode(piece[1:], add_special_tokens=False)
+            elif piece:
+                ids += tokenizer.encode(piece, add_special_tokens=False)
+        return ids
 
 
 def observation_messages(tool_results: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ import toolgym
 from toolgym.envs import full_id
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
 from toolgym.harness.eval_run import run_eval
+from toolgym.harness.hardware import Precision, choose_bf16, cpu_description
 from toolgym.harness.hf_policy import HFPolicy, resolve_dtype
 from toolgym.harness.trajectory import Trajectory, write_jsonl
 from toolgym.sandbox import SafetyPolicy, SandboxConfig, SideEffect
@@ -127,10 +128,21 @@ class Campaign:
         # evaluates with its own copy (made before sharding), refreshed by `publish`. A copy also
         # samples when rollouts use another dtype than training (bf16 sampling, fp32 weights).
         rollout_dtype = config.model.rollout_dtype
+        if rollout_dtype == "auto":  # bf16 sampling only where the hardware computes bf16 natively
+            self.rollout_precision = choose_bf16("auto", self.policy.device)
+            rollout_dtype = "bf16" if self.rollout_precision.dtype == "bf16" else None
+        else:
+            self.rollout_precision = Precision(rollout_dtype or str(self.policy.dtype).removeprefix("torch."),
+                                               "set in the config")
         needs_copy = self.world > 1 or (rollout_dtype is not None and resolve_dtype(
             rollout_dtype, str(self.policy.device)) != self.policy.dtype)
         self._copy = CopiedWeights(self.policy, dtype=rollout_dtype) if needs_copy and self.rank == 0 else None
-        self.learner = Learner(self.policy.model, config.rl.learner)
+        r = config.rollout
+        # the batches come from something other than the trained model itself: a copy in another
+        # dtype, weights a step or more stale, a server or a Ray actor (tis_cap: auto corrects it)
+        off_policy = self._copy is not None or r.max_staleness > 0 or bool(r.servers) or r.backend == "ray"
+        self.learner = Learner(self.policy.model, config.rl.learner, off_policy=off_policy,
+                               generation_budget=min(r.max_total_tokens, r.max_turns * r.max_new_tokens))
         self.trainer = Coordinator(self.learner)
         self.suites = {mix.suite: builtin_suite(mix.suite) for mix in config.envs}
         self.mix = {mix.suite: mix for mix in config.envs}
@@ -262,6 +274,7 @@ class Campaign:
                 path = self.run_dir / stale
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(c.model_dump(mode="json"), sort_keys=False))
+        self._record_precision()
         self.metrics = MetricsLog(self.run_dir)
         try:
             if ckpt is not None:
@@ -308,6 +321,18 @@ class Campaign:
         from toolgym.trainers.report import write_report
 
         return write_report(self.run_dir)
+
+    def _record_precision(self) -> None:
+        """Say which precision `auto` chose and why, on the screen and in `OUT/hardware.json`."""
+        import json
+
+        chosen = {"cpu": cpu_description(), "device": str(self.policy.device),
+                  "weights": str(self.policy.dtype).removeprefix("torch."),
+                  "rollout": self.rollout_precision.as_dict(), "train_autocast": self.learner.precision.as_dict()}
+        (self.run_dir / "hardware.json").write_text(json.dumps(chosen, indent=2) + "\n")
+        self.console.print(f"hardware: {chosen['cpu']}\n  rollouts sample in {self.rollout_precision.dtype} "
+                           f"({self.rollout_precision.reason})\n  training computes in "
+                           f"{self.learner.precision.dtype} ({self.learner.precision.reason})")
 
     def close(self) -> None:
         """Close environments and the metrics log."""

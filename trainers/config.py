@@ -34,6 +34,7 @@ class ModelSettings(_Strict):
     dtype: str = Field(default="auto", description="bf16 | fp16 | fp32 | auto (bf16 on CUDA, fp32 on CPU)")
     rollout_dtype: str | None = Field(default=None, description="sample from a copy of the weights in this dtype "
                                       "(e.g. bf16 with fp32 training on a CPU), refreshed after every update; "
+                                      "auto = bf16 where the hardware computes it natively, else none; "
                                       "None = the training model samples itself")
     chat_template: str | None = Field(default=None, description="a built-in chat template (qwen2.5, "
                                       "qwen2.5-compact, qwen3, llama3) instead of the tokenizer's own; the "
@@ -157,7 +158,7 @@ class CampaignConfig(_Strict):
 
         if self.rl.learner.loss not in core_algos.POLICY_LOSSES:
             raise ValueError(f"rl.learner.loss {self.rl.learner.loss!r}: use one of {', '.join(core_algos.POLICY_LOSSES)}")
-        if self.rl.learner.agg not in core_algos.AGGREGATIONS:
+        if self.rl.learner.agg is not None and self.rl.learner.agg not in core_algos.AGGREGATIONS:
             raise ValueError(f"rl.learner.agg {self.rl.learner.agg!r}: use one of {', '.join(core_algos.AGGREGATIONS)}")
         return self
 

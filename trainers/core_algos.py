@@ -226,6 +226,22 @@ def truncated_is_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, c
     return torch.clamp(torch.exp(train_logp.detach() - rollout_logp), max=cap)
 
 
+def mismatch_stats(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                   cap: float | None = None) -> dict[str, float]:
+    """How far the sampler was from the trained policy, over policy tokens: mean and max
+    |logp_train - logp_rollout|, a k3 estimate of KL(pi_rollout || pi_train) (the tokens were
+    sampled by the rollout policy), and the share of tokens whose importance weight the TIS `cap`
+    truncated (0 without a cap)."""
+    on = mask.bool()
+    diff = (train_logp.detach() - rollout_logp)[on].double()
+    if diff.numel() == 0:
+        return {"logprob_gap_mean": 0.0, "logprob_gap_max": 0.0, "mismatch_kl": 0.0, "tis_truncated_frac": 0.0}
+    ratio = diff.exp()
+    return {"logprob_gap_mean": float(diff.abs().mean()), "logprob_gap_max": float(diff.abs().max()),
+            "mismatch_kl": float((ratio - diff - 1.0).mean()),
+            "tis_truncated_frac": float((ratio > cap).double().mean()) if cap else 0.0}
+
+
 def logprob_gap(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """Mean and max |logp_train - logp_rollout| over policy tokens: the train/inference mismatch."""
     gap = (train_logp.detach() - rollout_logp).abs()[mask.bool()]
@@ -236,5 +252,5 @@ def logprob_gap(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torc
 
 __all__ = ["ADVANTAGES", "AGGREGATIONS", "POLICY_LOSSES", "aggregate", "broadcast", "cispo_loss", "drgrpo_advantages",
            "entropy_from_logits", "group_mean_std", "group_signal", "grpo_advantages", "gspo_loss", "kl_k3",
-           "logprob_gap", "policy_loss", "ppo_clip_loss", "rloo_advantages", "truncated_is_weights",
+           "logprob_gap", "mismatch_stats", "policy_loss", "ppo_clip_loss", "rloo_advantages", "truncated_is_weights",
            "zero_variance_mask"]

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolgym.harness.hardware import choose_bf16
 from toolgym.trainers import core_algos as ca
 from toolgym.trainers.batching import TokenBatch, micro_batches, select, sequence_logprobs
 from toolgym.trainers.memory import auto_token_budget, check_fits, release_memory
@@ -49,20 +50,48 @@ class LearnerConfig(BaseModel):
     token_budget: int | Literal["auto"] = Field(default="auto", description="padded tokens per micro-batch; "
                                                 "auto = sized from the model and the free memory")
     loss: str = Field(default="ppo", description="ppo | gspo | cispo")
-    agg: str = Field(default="token-mean", description="token-mean | seq-mean-token-mean | seq-mean-token-sum-norm")
-    agg_norm: float | None = Field(default=None, description="Dr.GRPO's constant length for seq-mean-token-sum-norm")
-    eps_low: float | None = 0.2
-    eps_high: float = 0.28
+    agg: str | None = Field(default=None, description="token-mean | seq-mean-token-mean | seq-mean-token-sum-norm; "
+                            "None = the loss's own (ppo, cispo: token-mean; gspo: seq-mean-token-mean)")
+    agg_norm: float | None = Field(default=None, description="Dr.GRPO's constant length for "
+                                   "seq-mean-token-sum-norm; None = the campaign's generation budget")
+    eps_low: float | None | Literal["default"] = Field(default="default", description="lower clip; default = "
+                                                       "the loss's paper (ppo 0.2, gspo 3e-4, cispo none); "
+                                                       "None = no lower clip")
+    eps_high: float | Literal["default"] = Field(default="default", description="upper clip; default = the "
+                                                 "loss's paper (ppo 0.28, gspo 4e-4, cispo 4.0 on the IS weight)")
     kl_beta: float = Field(default=0.0, ge=0, description="0 keeps no reference model in memory")
-    tis_cap: float | None = Field(default=None, gt=0, description="truncated importance sampling cap "
-                                  "(for a separate inference engine); None = off")
+    tis_cap: float | None | Literal["auto"] = Field(default="auto", description="truncated importance sampling "
+                                                    "cap on pi_train/pi_rollout per token; auto = 2.0 wherever "
+                                                    "the sampler is not the trained model itself (a bf16 copy, a "
+                                                    "stale batch, a server), off where it is; None = off")
     updates_per_batch: int = Field(default=1, ge=1, description="optimizer steps (mini-batches) per batch")
     parallel: str = Field(default="ddp", pattern="^(ddp|fsdp2)$", description="data parallelism under torchrun: "
                           "ddp (every rank holds the whole model) or fsdp2 (parameters, gradients and optimizer "
                           "state sharded over the ranks)")
     lora: LoraSettings | None = None
-    autocast: str | None = Field(default=None, pattern="^bf16$", description="bf16: forward and backward in "
-                                 "bfloat16 autocast (the weights and the optimizer stay fp32); None = the model's dtype")
+    autocast: str | None = Field(default=None, pattern="^(bf16|auto)$", description="bf16: forward and backward "
+                                 "in bfloat16 autocast (the weights and the optimizer stay fp32); auto: bf16 where "
+                                 "the hardware computes it natively (CUDA, a CPU with AVX512-BF16/AMX), none "
+                                 "elsewhere; None = the model's dtype")
+
+
+#: Clip ranges as each loss's paper sets them: PPO with DAPO's clip-higher, GSPO's sequence-ratio
+#: clip, CISPO's upper clip on the importance weight only.
+LOSS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ppo": {"eps_low": 0.2, "eps_high": 0.28, "agg": "token-mean"},
+    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4, "agg": "seq-mean-token-mean"},
+    "cispo": {"eps_low": None, "eps_high": 4.0, "agg": "token-mean"},
+}
+#: The TIS cap `tis_cap: auto` uses where the sampler differs from the trained model.
+DEFAULT_TIS_CAP = 2.0
+
+
+def loss_settings(config: LearnerConfig) -> dict[str, Any]:
+    """eps_low, eps_high and agg of `config` with `default`/None resolved from the loss's paper."""
+    base = LOSS_DEFAULTS.get(config.loss, LOSS_DEFAULTS["ppo"])
+    return {"eps_low": base["eps_low"] if config.eps_low == "default" else config.eps_low,
+            "eps_high": base["eps_high"] if config.eps_high == "default" else config.eps_high,
+            "agg": config.agg or base["agg"]}
 
 
 def apply_lora(model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
@@ -90,15 +119,26 @@ def _micro_weight(agg: str, mask: torch.Tensor, total_tokens: float, total_seqs:
 class Learner:
     """Optimizer and update steps for one model (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, config: LearnerConfig | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig | None = None, off_policy: bool = False,
+                 generation_budget: int | None = None) -> None:
+        """`off_policy`: the batches are sampled by something other than this model (a copy in
+        another dtype, stale weights, a server): `tis_cap: auto` corrects for it.
+        `generation_budget`: policy tokens an episode may sample at most, Dr.GRPO's constant
+        normaliser when `agg_norm` is not set."""
         self.config = config or LearnerConfig()
         self.model = model
+        self.off_policy = off_policy
+        self.generation_budget = generation_budget
+        self.loss = loss_settings(self.config)
         self.ref_model = None
         if self.config.kl_beta > 0 and self.config.lora is None:
             self.ref_model = copy.deepcopy(model).eval()  # frozen reference (LoRA: the base with adapters off)
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.device = next(model.parameters()).device
+        # `auto` is resolved once, from the hardware: bf16 autocast on an AVX2-only CPU would be
+        # emulated, about 50x slower than fp32 (harness/hardware.py)
+        self.precision = choose_bf16(self.config.autocast, self.device)
         # Data-parallel under torchrun: each rank passes its shard of the global batch; gradients
         # are averaged over ranks (DDP all-reduce, FSDP2 reduce-scatter) and the loss normalisers
         # are the global batch's (see _totals).
@@ -137,7 +177,7 @@ class Learner:
         """The autocast context of forward passes (`autocast: bf16`), or none."""
         from contextlib import nullcontext
 
-        if self.config.autocast is None:
+        if self.precision.dtype != "bf16":
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
@@ -281,6 +321,10 @@ class Learner:
         weights_seen: dict[str, float] = {}
         gap_max = 0.0
         norms = []
+        agg, norm, cap = self.loss["agg"], self._agg_norm(batch), self.tis_cap()
+        eps_low = self.loss["eps_low"]
+        if eps_low is None and c.loss != "cispo":
+            eps_low = 1.0  # no lower clip: the ratio's floor is 0
         for chunk in chunks:
             sub = select(batch, chunk)
             total_tokens, total_seqs, nonempty = self._totals(float(sub.mask.sum()), float(sub.mask.shape[0]),
@@ -297,21 +341,20 @@ class Learner:
                 else:
                     old_logp = logp.detach()
                 adv = ca.broadcast(mb.advantages, mb.mask)
-                tis = ca.truncated_is_weights(old_logp, mb.rollout_logp, c.tis_cap) if c.tis_cap else None
-                kwargs: dict[str, Any] = {"eps_high": c.eps_high, "agg": c.agg, "norm": c.agg_norm, "weights": tis}
-                if c.eps_low is not None or c.loss == "cispo":
-                    kwargs["eps_low"] = c.eps_low
-                loss, stats = ca.policy_loss(c.loss, logp, old_logp, adv, mb.mask, **kwargs)
+                # the behaviour policy's logprobs correct what the sampler did differently
+                tis = ca.truncated_is_weights(old_logp, mb.rollout_logp, cap) if cap else None
+                loss, stats = ca.policy_loss(c.loss, logp, old_logp, adv, mb.mask, eps_low=eps_low,
+                                             eps_high=self.loss["eps_high"], agg=agg, norm=norm, weights=tis)
                 if c.kl_beta > 0:
-                    kl = ca.aggregate(ca.kl_k3(logp, self._ref_logp(mb)), mb.mask, c.agg, c.agg_norm)
+                    kl = ca.aggregate(ca.kl_k3(logp, self._ref_logp(mb)), mb.mask, agg, norm)
                     loss = loss + c.kl_beta * kl
                     stats["kl"] = float(kl.detach())
-                w = _micro_weight(c.agg, mb.mask, total_tokens, total_seqs, nonempty)
+                w = _micro_weight(agg, mb.mask, total_tokens, total_seqs, nonempty)
                 self._backward(loss * w, last=n_group == len(groups) - 1)
-                gap = ca.logprob_gap(logp, mb.rollout_logp, mb.mask)
-                gap_max = max(gap_max, gap["logprob_gap_max"])
+                gap = ca.mismatch_stats(old_logp, mb.rollout_logp, mb.mask, cap)
+                gap_max = max(gap_max, gap.pop("logprob_gap_max"))
                 stats.update(loss=float(loss.detach()), entropy=float((entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1)),
-                             logprob_gap_mean=gap["logprob_gap_mean"])
+                             **gap)
                 for k, v in stats.items():
                     if k in ("ratio_min",):
                         sums[k] = min(sums.get(k, v), v)
@@ -325,10 +368,30 @@ class Learner:
         out = {k: (v / weights_seen[k] if k in weights_seen and weights_seen[k] > 0 else v) for k, v in sums.items()}
         release_memory()
         elapsed = time.perf_counter() - start
-        out.update(logprob_gap_max=gap_max, grad_norm=max(norms), train_tokens=batch.tokens,
+        out.update(logprob_gap_max=gap_max, tis_cap=cap or 0.0, grad_norm=max(norms), train_tokens=batch.tokens,
                    train_seconds=elapsed, train_tokens_per_s=batch.tokens / max(elapsed, 1e-9),
                    micro_batches=self.last_micro_batches, token_budget=self.last_token_budget)
         return out
+
+    def tis_cap(self) -> float | None:
+        """The truncated-importance-sampling cap in force (`auto`: on only when off-policy)."""
+        cap = self.config.tis_cap
+        if cap == "auto":
+            return DEFAULT_TIS_CAP if self.off_policy else None
+        return cap
+
+    def _agg_norm(self, batch: TokenBatch) -> float | None:
+        """Dr.GRPO's constant for `seq-mean-token-sum-norm`: the configured one, else the
+        generation budget, else the longest response of the whole batch (never a micro-batch's
+        padded width, which would make the loss depend on how the batch was split)."""
+        if self.loss["agg"] != "seq-mean-token-sum-norm":
+            return self.config.agg_norm
+        if self.config.agg_norm:
+            return self.config.agg_norm
+        if self.generation_budget:
+            return float(self.generation_budget)
+        (longest,) = self._totals(float(batch.mask.sum(1).max()) if batch.mask.numel() else 1.0, op="max")
+        return max(longest, 1.0)
 
     # ---- SFT ----------------------------------------------------------------------------------
 
@@ -382,4 +445,5 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
     return [items[i: i + size] for i in range(0, len(items), size)]
 
 
-__all__ = ["Learner", "LearnerConfig", "LoraSettings", "apply_lora", "dist_world", "shard_model"]
+__all__ = ["DEFAULT_TIS_CAP", "LOSS_DEFAULTS", "Learner", "LearnerConfig", "LoraSettings", "apply_lora", "dist_world",
+           "loss_settings", "shard_model"]
