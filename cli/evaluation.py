@@ -9,6 +9,10 @@ import typer
 from rich.markup import escape
 
 from toolgym.cli.app import CLIError, app, console, load_suite
+from toolgym.trainers.config import RolloutSettings
+
+#: `toolgym eval`'s budget defaults are the campaign's, so their numbers compare
+_ROLLOUT = RolloutSettings()
 
 
 def _print_report(report) -> None:
@@ -17,9 +21,14 @@ def _print_report(report) -> None:
                    f"{o.pass_at[str(k)].high:.3f}]" for k in report.ks)
     console.print(f"[bold]{escape(report.policy)}[/] on {report.suite}/{report.split}: {ks}")
     r = o.outcome_rates
-    console.print(f"  episodes {o.episodes}; format-error rate {r['format_error']:.2f}, timeout {r['timeout']:.2f}, "
-                  f"infra-error {r['infra_error']:.2f}; safety events/episode {o.safety_event_rate:.2f}; "
-                  f"tool calls/episode {o.mean_tool_calls:.1f}")
+    console.print(f"  episodes {o.episodes}; format-error rate {r['format_error']:.2f}, truncated "
+                  f"{r.get('truncated', 0):.2f}, timeout {r['timeout']:.2f}, infra-error {r['infra_error']:.2f}; "
+                  f"safety events/episode {o.safety_event_rate:.2f}; tool calls/episode {o.mean_tool_calls:.1f}")
+    if o.limits_hit:
+        console.print("  limits hit: " + ", ".join(f"{k} {v}" for k, v in sorted(o.limits_hit.items())))
+    for label, est in (("best-of-n (most confident sample)", o.best_of_n), ("majority vote", o.majority_vote)):
+        if est is not None:
+            console.print(f"  {label}: {est.value:.3f} [{est.low:.3f}, {est.high:.3f}]")
 
 
 @app.command("eval")
@@ -33,8 +42,13 @@ def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:MODEL 
           seed: int = typer.Option(0, help="seed for environments, sampling and bootstrap"),
           out: Path = typer.Option(Path("runs/eval"), help="output directory"),
           max_turns: Optional[int] = typer.Option(None, help="turn limit (default: the env's)"),
-          max_new_tokens: int = typer.Option(96, help="tokens per turn"),
+          max_new_tokens: int = typer.Option(_ROLLOUT.max_new_tokens, help="tokens per turn (the campaign's default)"),
+          max_total_tokens: int = typer.Option(_ROLLOUT.max_total_tokens, help="tokens per episode, prompt and "
+                                               "observations included (the campaign's default)"),
           temperature: float = typer.Option(1.0, help="sampling temperature (0 = greedy)"),
+          top_p: float = typer.Option(_ROLLOUT.top_p, help="nucleus sampling"),
+          watchdog: float = typer.Option(3600.0, help="seconds before a hung episode is stopped (infra_error, "
+                                         "never the agent's failure)"),
           tokenizer: Optional[str] = typer.Option(None, help="tokenizer for sglang: policies"),
           device: Optional[str] = typer.Option(None, help="tiny/hf: policies: cpu, cuda, cuda:1 (default: cuda if present)"),
           dtype: str = typer.Option("auto", help="tiny/hf: policies: bf16 | fp16 | fp32 | auto (bf16 on CUDA)")) -> None:
@@ -49,8 +63,9 @@ def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:MODEL 
         raise CLIError(f"-k {k!r}: expected comma-separated integers such as 1,8") from None
     if not ks or min(ks) < 1:
         raise CLIError("-k values must be >= 1")
-    limits = RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new_tokens)
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    limits = RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new_tokens,
+                           max_total_tokens=max_total_tokens, watchdog_s=watchdog)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     report, paths = run_eval(policy, load_suite(suite), split, samples, ks, max_tasks, concurrency, seed, out,
                              limits, sampling, tokenizer, device=device, dtype=dtype)
     _print_report(report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from toolgym.harness.evaluate import EvalReport, evaluate, write_report
+from toolgym.harness.evaluate import EvalBudget, EvalReport, evaluate, write_report
 from toolgym.harness.policy import SamplingParams
 from toolgym.harness.rollout import RolloutLimits, RolloutRunner
 from toolgym.harness.specs import make_agent
@@ -48,8 +48,15 @@ def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: in
     write_parquet(trajs, out / "trajectories.parquet")
     # Mined tasks carry their package: pass@k per package beside per family (= mutation operator).
     groups = {key: {t.id: str(t.metadata[key]) for t in tasks if key in t.metadata} for key in GROUP_KEYS}
+    limits = runner.limits
+    sampling_used = getattr(agent, "sampling", None)
+    budget = EvalBudget(temperature=getattr(sampling_used, "temperature", None), top_p=getattr(sampling_used, "top_p", None),
+                        samples=samples, max_turns=limits.max_turns, max_new_tokens_per_turn=min(
+                            limits.max_new_tokens_per_turn, getattr(sampling_used, "max_new_tokens", 10 ** 9)),
+                        max_total_tokens=limits.max_total_tokens, watchdog_s=limits.watchdog_s)
     report = evaluate(trajs, ks, policy=agent.name, suite=suite.name, suite_version=suite.version, split=split,
-                      seed=seed, samples_per_task=samples, task_groups={k: v for k, v in groups.items() if v})
+                      seed=seed, samples_per_task=samples, task_groups={k: v for k, v in groups.items() if v},
+                      budget=budget)
     paths = write_report(report, out)
     paths["trajectories"] = out / "trajectories.jsonl"
     return report, paths

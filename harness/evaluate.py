@@ -69,11 +69,45 @@ def paired_difference(before: list[Trajectory], after: list[Trajectory], seed: i
     return _bootstrap(diffs, np.random.default_rng(seed), n_boot=n_boot, level=level)
 
 
+class EvalBudget(BaseModel):
+    """What an evaluation allowed the policy: two evaluations compare only under the same budget."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    samples: int = 1
+    max_turns: int | None = None
+    max_new_tokens_per_turn: int | None = None
+    max_total_tokens: int | None = None
+    watchdog_s: float | None = None
+
+    def differences(self, other: "EvalBudget | None") -> list[str]:
+        """`field: a vs b` for every setting that differs (all of them when `other` is missing)."""
+        if other is None:
+            return ["the other evaluation recorded no budget"]
+        a, b = self.model_dump(), other.model_dump()
+        return [f"{k}: {a[k]} vs {b[k]}" for k in a if a[k] != b[k]]
+
+
+def budget_warning(a: "EvalReport", b: "EvalReport") -> str:
+    """A loud one-line warning when two evaluations ran under different budgets ('' if equal)."""
+    if a.budget is None and b.budget is None:
+        return "WARNING: neither evaluation recorded its budget; the comparison may not be like with like"
+    diffs = (a.budget or EvalBudget()).differences(b.budget) if a.budget else ["the first evaluation recorded no budget"]
+    return ("WARNING: the evaluations ran under different budgets (" + "; ".join(diffs) +
+            "): their difference is not the policy's alone") if diffs else ""
+
+
 class GroupReport(BaseModel):
     """Numbers for one slice (all, a family, a difficulty)."""
 
     episodes: int
     pass_at: dict[str, Estimate] = Field(default_factory=dict)
+    #: with several samples per task: the sample the policy itself is most sure of (highest mean
+    #: token log-prob) graded alone, and the most common submitted answer (answer tasks)
+    best_of_n: Estimate | None = None
+    majority_vote: Estimate | None = None
+    #: episodes cut by each limit: turns, tokens (the agent's), watchdog (ours: infra_error)
+    limits_hit: dict[str, int] = Field(default_factory=dict)
     outcome_rates: dict[str, float] = Field(default_factory=dict)
     safety_event_rate: float = 0.0
     safety_events: dict[str, int] = Field(default_factory=dict)
@@ -92,6 +126,7 @@ class EvalReport(BaseModel):
     seed: int
     samples_per_task: int
     ks: list[int]
+    budget: EvalBudget | None = None
     overall: GroupReport
     by_family: dict[str, GroupReport]
     by_difficulty: dict[str, GroupReport]
@@ -113,6 +148,12 @@ def _slice(trajs: list[Trajectory], ks: list[int], rng: np.random.Generator, not
         mean_turns=float(np.mean([len(t.turns) for t in trajs])) if trajs else 0.0,
         mean_reward=float(np.mean([t.reward for t in trajs])) if trajs else 0.0,
     )
+    report.limits_hit = dict(Counter(t.limit_hit for t in trajs if t.limit_hit))
+    if any(len(v) > 1 for v in by_task.values()):
+        report.best_of_n = _bootstrap(np.array([_best_of_n(v) for v in by_task.values() if _graded(v)]), rng)
+        votes = [_majority(v) for v in by_task.values() if _graded(v)]
+        if any(v is not None for v in votes):
+            report.majority_vote = _bootstrap(np.array([v for v in votes if v is not None], dtype=float), rng)
     events = Counter(e.get("kind", "unknown") for t in trajs for e in t.side_effects)
     report.safety_events = dict(events)
     report.safety_event_rate = sum(1 for t in trajs if t.side_effects) / n_eps
@@ -131,8 +172,33 @@ def _slice(trajs: list[Trajectory], ks: list[int], rng: np.random.Generator, not
     return report
 
 
+def _graded(trajs: list[Trajectory]) -> list[Trajectory]:
+    return [t for t in trajs if t.outcome.is_agent_attempt]
+
+
+def _best_of_n(trajs: list[Trajectory]) -> float:
+    """1 if the sample with the highest mean log-prob of its own tokens passed (no oracle picks)."""
+    def confidence(t: Trajectory) -> float:
+        lp = t.logprobs
+        return float(np.mean(lp)) if lp else float("-inf")
+
+    best = max(_graded(trajs), key=confidence)
+    return float(best.outcome == Outcome.PASSED)
+
+
+def _majority(trajs: list[Trajectory]) -> float | None:
+    """1 if the most common submitted answer (ties: the first seen) passed; None without answers."""
+    answered = [t for t in _graded(trajs) if t.answer is not None]
+    if not answered:
+        return None
+    counts = Counter(t.answer.strip() for t in answered)
+    top = max(counts, key=lambda a: (counts[a], -[t.answer.strip() for t in answered].index(a)))
+    return float(next(t for t in answered if t.answer.strip() == top).outcome == Outcome.PASSED)
+
+
 def evaluate(trajs: list[Trajectory], ks: list[int], *, policy: str, suite: str, suite_version: str, split: str,
-             seed: int, samples_per_task: int, task_groups: dict[str, dict[str, str]] | None = None) -> EvalReport:
+             seed: int, samples_per_task: int, task_groups: dict[str, dict[str, str]] | None = None,
+             budget: EvalBudget | None = None) -> EvalReport:
     """Aggregate trajectories into an `EvalReport` (bootstrap seeded by `seed`). `task_groups`
     adds slices by task metadata: {name: {task id: value}} (e.g. the package of a mined task)."""
     rng = np.random.default_rng(seed)
@@ -144,7 +210,7 @@ def evaluate(trajs: list[Trajectory], ks: list[int], *, policy: str, suite: str,
         diffs[str(t.difficulty)].append(t)
     return EvalReport(
         policy=policy, suite=suite, suite_version=suite_version, split=split, seed=seed,
-        samples_per_task=samples_per_task, ks=ks,
+        samples_per_task=samples_per_task, ks=ks, budget=budget,
         overall=_slice(trajs, ks, rng, notes),
         by_family={f: _slice(v, ks, rng, []) for f, v in sorted(fams.items())},
         by_difficulty={d: _slice(v, ks, rng, []) for d, v in sorted(diffs.items())},
@@ -165,14 +231,24 @@ def render_markdown(report: EvalReport) -> str:
     lines = [f"# Evaluation: {report.policy}", "",
              f"- suite: `{report.suite}` v{report.suite_version}, split `{report.split}`",
              f"- samples per task: {report.samples_per_task}; seed: {report.seed}",
-             f"- episodes: {report.overall.episodes}; 95% bootstrap CIs over tasks", ""]
-    header = "| slice | episodes | " + " | ".join(f"pass@{k}" for k in ks) + " | format err | timeout | infra err | safety events/ep | tool calls/ep | turns/ep |"
-    lines += [header, "|" + "---|" * (len(ks) + 8)]
+             f"- budget: {_budget_line(report.budget)}",
+             f"- episodes: {report.overall.episodes}; 95% bootstrap CIs over tasks; limits hit: "
+             + (", ".join(f"{k} {v}" for k, v in sorted(report.overall.limits_hit.items())) or "none"), ""]
+    o = report.overall
+    if o.best_of_n is not None:
+        lines += [f"- best-of-{report.samples_per_task} (the policy's most confident sample): {_fmt(o.best_of_n)}"]
+    if o.majority_vote is not None:
+        lines += [f"- majority vote over {report.samples_per_task} answers: {_fmt(o.majority_vote)}"]
+    if o.best_of_n is not None or o.majority_vote is not None:
+        lines.append("")
+    header = "| slice | episodes | " + " | ".join(f"pass@{k}" for k in ks) + " | format err | truncated | timeout | infra err | safety events/ep | tool calls/ep | turns/ep |"
+    lines += [header, "|" + "---|" * (len(ks) + 9)]
 
     def row(name: str, g: GroupReport) -> str:
         r = g.outcome_rates
         return (f"| {name} | {g.episodes} | " + " | ".join(_fmt(g.pass_at[k]) for k in ks)
-                + f" | {r.get('format_error', 0):.2f} | {r.get('timeout', 0):.2f} | {r.get('infra_error', 0):.2f}"
+                + f" | {r.get('format_error', 0):.2f} | {r.get('truncated', 0):.2f} | {r.get('timeout', 0):.2f}"
+                + f" | {r.get('infra_error', 0):.2f}"
                 + f" | {g.safety_event_rate:.2f} | {g.mean_tool_calls:.1f} | {g.mean_turns:.1f} |")
 
     lines.append(row("**all**", report.overall))
@@ -192,6 +268,14 @@ def render_markdown(report: EvalReport) -> str:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     lines += ["", "![pass@k by family](passk.png)", "", "![outcomes](outcomes.png)", ""]
     return "\n".join(lines)
+
+
+def _budget_line(budget: EvalBudget | None) -> str:
+    if budget is None:
+        return "not recorded"
+    return (f"temperature {budget.temperature}, top-p {budget.top_p}, {budget.samples} sample(s), turns "
+            f"{budget.max_turns or 'env default'}, {budget.max_new_tokens_per_turn} tokens/turn, "
+            f"{budget.max_total_tokens} tokens/episode, watchdog {budget.watchdog_s} s")
 
 
 def plot_report(report: EvalReport, out_dir: Path) -> list[Path]:

@@ -1,8 +1,11 @@
 """The rollout runner: many episodes at once (asyncio), G per task sharing a seed (a GRPO group).
 
 Every failure is attributed to an outcome on its own trajectory (policy error -> infra_error,
-verifier crash -> verifier_error, limits -> timeout, no parsable tool call -> format_error); one
-bad episode never crashes the batch. Blocking environment and verifier work runs in threads, off
+verifier crash -> verifier_error, turn or token limit -> truncated, no parsable tool call ->
+format_error); one bad episode never crashes the batch. The agent's limits are counted in its own
+work (turns, tokens); the wall-clock watchdog only catches a hung policy or environment, and an
+episode it stops is infra_error (with `limit_hit="watchdog"`), never the agent's failure: with
+batched generation an episode's wall time is mostly other episodes' work and the machine's load. Blocking environment and verifier work runs in threads, off
 the event loop. Trajectories stream to a JSONL file as they finish.
 """
 
@@ -32,7 +35,8 @@ class RolloutLimits(BaseModel):
     max_turns: int | None = Field(default=None, description="None = the environment's own max_turns")
     max_new_tokens_per_turn: int = 96
     max_total_tokens: int = 4096
-    episode_timeout_s: float = 300.0
+    watchdog_s: float = Field(default=3600.0, gt=0, description="wall-clock seconds after which an episode is "
+                              "stopped as hung: infra_error, never scored against the agent")
 
 
 def sampling_seed(seed: int, sample_index: int, turn: int) -> int:
@@ -53,9 +57,10 @@ async def run_episode(env: ToolEnv, agent: TokenAgent | TextAgent, task: Task, s
     routing = current_episode.set(episode)  # the policy's routing key
     try:
         terminated, valid_calls = await asyncio.wait_for(
-            _play(env, agent, task, seed, sample_index, limits, traj), limits.episode_timeout_s)
-    except asyncio.TimeoutError:
-        traj.outcome, traj.error = Outcome.TIMEOUT, f"episode exceeded {limits.episode_timeout_s}s"
+            _play(env, agent, task, seed, sample_index, limits, traj), limits.watchdog_s)
+    except asyncio.TimeoutError:  # a hung policy, server or environment: ours, not the agent's
+        traj.outcome, traj.limit_hit = Outcome.INFRA_ERROR, "watchdog"
+        traj.error = f"episode still running after the {limits.watchdog_s:.0f} s watchdog (policy or environment hung)"
         traj.duration_s = time.perf_counter() - start
         return traj
     except Exception as err:  # policy/server/env failures: ours, not the agent's
@@ -100,7 +105,8 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
         if token_level:
             assert renderer is not None
             remaining = limits.max_total_tokens - len(context)
-            if remaining <= 0:  # token budget spent: graded like a turn-limit truncation
+            if remaining <= 0:  # token budget spent: the episode is truncated
+                traj.limit_hit = "tokens"
                 break
             sampling = agent.sampling.model_copy(update={
                 "max_new_tokens": min(agent.sampling.max_new_tokens, limits.max_new_tokens_per_turn, remaining),
@@ -132,6 +138,8 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
         traj.tool_errors = {k: v for k, v in info["errors"].items() if v}
         traj.side_effects += info.get("side_effects", [])  # each step reports its new events only
         turn += 1
+        if truncated and not terminated:
+            traj.limit_hit = "turns"
         if terminated or truncated:
             break
         obs_msgs = observation_messages(info["tool_results"])
@@ -148,6 +156,7 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
 async def _grade(env: ToolEnv, task: Task, traj: Trajectory, verifier: Any, terminated: bool, valid_calls: int) -> None:
     try:
         state = FinalState(**await asyncio.to_thread(env.final_state))
+        traj.answer = state.answer
     except Exception as err:  # the environment could not hand over its state: ours, not the agent's
         traj.outcome, traj.error = Outcome.INFRA_ERROR, f"{type(err).__name__}: {err}"
         traj.reward = 0.0
@@ -171,8 +180,9 @@ async def _grade(env: ToolEnv, task: Task, traj: Trajectory, verifier: Any, term
         traj.outcome = Outcome.FAILED
     elif valid_calls == 0:
         traj.outcome = Outcome.FORMAT_ERROR
-    else:
-        traj.outcome = Outcome.TIMEOUT
+    else:  # cut by its turn or token limit before it finished
+        traj.outcome = Outcome.TRUNCATED
+        traj.limit_hit = traj.limit_hit or "turns"
 
 
 class RolloutRunner:

@@ -60,6 +60,10 @@ class Trajectory(BaseModel):
     reward: float = 0.0
     side_effects: list[dict[str, Any]] = Field(default_factory=list)
     error: str | None = None
+    #: the answer the agent submitted (answer tasks), for majority votes
+    answer: str | None = None
+    #: which limit cut the episode: "turns" or "tokens" (the agent's), "watchdog" (wall clock: ours)
+    limit_hit: str | None = None
     duration_s: float = 0.0
 
     @property

@@ -366,13 +366,14 @@ class Campaign:
 
     # ---- RL -------------------------------------------------------------------------------------
 
-    def draw(self) -> list[tuple[str, Task]]:
-        """This step's tasks: per environment by weight, each suite's sampler choosing."""
-        counts = allocate(self.config.rl.tasks_per_step, [m.weight for m in self.config.envs])
+    def draw(self, n: int = 0, exclude: frozenset[str] = frozenset()) -> list[tuple[str, Task]]:
+        """This step's tasks (`n`, default tasks_per_step): per environment by weight, each suite's
+        sampler choosing, none of `exclude`."""
+        counts = allocate(n or self.config.rl.tasks_per_step, [m.weight for m in self.config.envs])
         chosen = []
         with self._draw_lock:
-            for mix, n in zip(self.config.envs, counts):
-                for task_id in self.samplers[mix.suite].draw(n, self.rng):
+            for mix, n_env in zip(self.config.envs, counts):
+                for task_id in self.samplers[mix.suite].draw(n_env, self.rng, exclude):
                     chosen.append((mix.suite, self.train_tasks[mix.suite][task_id]))
         return chosen
 
@@ -391,8 +392,50 @@ class Campaign:
         seeds = [episode_seed(c.seed, step, i) for i in range(len(tasks))]
         runner = self.runner()
         trajs = asyncio.run(runner.arun(tasks, seeds=seeds))
-        extra = {"ray": dict(runner.stats)} if c.rollout.backend == "ray" else {}  # workers lost, resubmissions
+        # DAPO's dynamic sampling: groups with equal rewards carry no gradient; play more tasks
+        # until the step has its configured number of informative groups (bounded rounds)
+        rounds = 0
+        while c.rl.drop_zero_variance and rounds < c.rl.dynamic_sampling:
+            short = c.rl.tasks_per_step - len(self.informative_groups(trajs))
+            more = self.draw(short, frozenset(t.id for t in tasks)) if short > 0 else []
+            if not more:
+                break
+            rounds += 1
+            seeds = [episode_seed(c.seed, step, len(tasks) + i) for i in range(len(more))]
+            trajs = trajs + asyncio.run(runner.arun([t for _, t in more], seeds=seeds))
+            chosen, tasks = chosen + more, tasks + [t for _, t in more]
+        extra: dict[str, Any] = {"dynamic_extra_draws": rounds,
+                                 "dynamic_extra_tasks": len(tasks) - c.rl.tasks_per_step if rounds else 0}
+        if c.rollout.backend == "ray":
+            extra["ray"] = dict(runner.stats)  # workers lost, resubmissions
         return RolloutBatch(step, chosen, trajs, t0, time.perf_counter() - t0, extra)
+
+    def informative_groups(self, trajs: list[Trajectory]) -> list[str]:
+        """Group ids, in play order, that can carry a gradient: no infra or verifier error, and
+        rewards (as trained: shaped, overlong handled) that are not all equal."""
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, t in enumerate(trajs):
+            groups[t.group_id].append(i)
+        out = []
+        for g, idx in groups.items():
+            if all(trajs[i].outcome.is_agent_attempt for i in idx):
+                rewards = {self.trained_reward(trajs[i]) for i in idx}
+                if len(rewards) > 1:
+                    out.append(g)
+        return out
+
+    def trained_reward(self, traj: Trajectory) -> float:
+        """The reward an episode trains with: the shaped reward, less DAPO's soft overlong penalty
+        under `rl.overlong: penalize` (a truncated episode: 1; the last `overlong_buffer` tokens
+        of the generation budget: linearly up to 1)."""
+        reward = self.shaped_reward(traj)
+        if self.config.rl.overlong != "penalize":
+            return reward
+        if traj.outcome == Outcome.TRUNCATED:
+            return reward - 1.0
+        budget, buffer = self.learner.generation_budget or 0, self.config.rl.overlong_buffer
+        over = sum(traj.loss_mask) - (budget - buffer)
+        return reward - min(1.0, max(0.0, over / buffer)) if budget else reward
 
     def learn(self, batch: RolloutBatch) -> dict[str, Any]:
         """Price, filter and train on one step's rollouts (already graded), then publish the new weights."""
@@ -402,7 +445,7 @@ class Campaign:
             write_jsonl(trajs, self.run_dir / "rollouts" / f"step-{batch.step:04d}.jsonl")
         tasks = [t for _, t in chosen]
         suite_of = {t.id: s for s, t in chosen}
-        rewards = [self.shaped_reward(t) for t in trajs]
+        rewards = [self.trained_reward(t) for t in trajs]
         groups: dict[str, list[int]] = defaultdict(list)
         for i, t in enumerate(trajs):
             groups[t.group_id].append(i)
@@ -431,7 +474,16 @@ class Campaign:
             metrics["groups_all_pass_frac"] = signal["all_pass"] / max(1, signal["groups"])
             metrics["groups_all_fail_frac"] = signal["all_fail"] / max(1, signal["groups"])
             live = ~ca.zero_variance_mask(r, gid) if c.rl.drop_zero_variance else torch.ones(len(keep), dtype=torch.bool)
-            train = [(trajs[keep[j]], float(adv[j])) for j in range(len(keep)) if live[j] and trajs[keep[j]].has_tokens]
+            # a stable batch: at most tasks_per_step groups train (dynamic sampling may have played more)
+            trained_groups = list(dict.fromkeys(trajs[keep[j]].group_id for j in range(len(keep)) if live[j]))
+            trained_groups = set(trained_groups[: c.rl.tasks_per_step])
+            overlong = [j for j in range(len(keep)) if trajs[keep[j]].outcome == Outcome.TRUNCATED]
+            dropped = set(overlong) if c.rl.overlong == "drop" else set()  # DAPO's overlong filtering
+            metrics["overlong_episodes"], metrics["overlong_dropped"] = len(overlong), len(dropped)
+            metrics["trained_groups"] = len(trained_groups)
+            train = [(trajs[keep[j]], float(adv[j])) for j in range(len(keep))
+                     if live[j] and j not in dropped and trajs[keep[j]].group_id in trained_groups
+                     and trajs[keep[j]].has_tokens]
             if len(train) < self.world:  # every training process needs a share of the batch
                 metrics["skipped_update"] = f"{len(train)} trajectories for {self.world} training processes"
                 train = []

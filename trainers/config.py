@@ -77,6 +77,14 @@ class RLSettings(_Strict):
     group_size: int = Field(default=8, ge=2, description="G rollouts per task (same seed); >= 2 for a baseline")
     advantage: str = Field(default="grpo", pattern="^(grpo|drgrpo|rloo)$")
     drop_zero_variance: bool = Field(default=True, description="leave groups with equal rewards out of the gradient")
+    dynamic_sampling: int = Field(default=2, ge=0, description="DAPO's dynamic sampling: when zero-variance groups "
+                                  "leave fewer than tasks_per_step informative groups, draw and play more tasks, at "
+                                  "most this many extra rounds per step (0 = off); at most tasks_per_step groups train")
+    overlong: str = Field(default="drop", pattern="^(drop|penalize|keep)$", description="episodes cut by their turn "
+                          "or token limit (outcome truncated): drop = out of the gradient (DAPO's overlong "
+                          "filtering), penalize = DAPO's soft overlong punishment on the reward, keep = as graded")
+    overlong_buffer: int = Field(default=256, ge=1, description="penalize: the last this many tokens of the "
+                                 "generation budget cost a linearly growing penalty (up to 1; a truncated episode: 1)")
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
 

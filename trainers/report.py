@@ -136,7 +136,14 @@ def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], 
              f"`{after}` - `{before}` is paired (the same tasks and sampling seeds in both), in points.", "",
              "| suite | slice | episodes | " + " | ".join(cols) + f" | {after} - {before} (paired) |",
              "|---|---|---|" + "---|" * (len(cols) + 1)]
+    warnings = []
     for suite in sorted(set(evals[before]) | set(evals.get(after, {}))):
+        reports = [evals.get(c, {}).get(suite) for c in cols]
+        budgets = {json.dumps((r or {}).get("budget"), sort_keys=True) for r in reports if r}
+        if len(budgets) > 1:
+            warnings.append(f"**WARNING: `{suite}`'s evaluations ran under different budgets** ("
+                            + "; ".join(f"`{c}`: {(r or {}).get('budget')}" for c, r in zip(cols, reports)) +
+                            "): their differences are not the policy's alone.")
         trajs = {c: _eval_trajectories(run_dir, c, suite) for c in (before, after)}
         fams = sorted(set(evals[before].get(suite, {}).get("by_family", {})) |
                       set(evals.get(after, {}).get(suite, {}).get("by_family", {})))
@@ -154,7 +161,7 @@ def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], 
                     "gain_points": None if diff is None or diff.tasks == 0 else diff.value * 100,
                     "gain_ci_points": None if diff is None or diff.tasks == 0 else [diff.low * 100, diff.high * 100],
                     "episodes": episodes, "labels": cols}
-    return lines + [""]
+    return lines + [""] + [w + "\n" for w in warnings]
 
 
 def handoff_section(train: list[dict[str, Any]], evals: dict[str, dict[str, dict[str, Any]]], before: str) -> list[str]:
@@ -164,7 +171,8 @@ def handoff_section(train: list[dict[str, Any]], evals: dict[str, dict[str, dict
     for suite, report in sorted(evals.get(before, {}).items()):
         rates = (report.get("overall") or {}).get("outcome_rates", {})
         lines.append(f"- `{suite}` after `{before}`: held-out pass@1 {_fmt(_pass1(report))}, format errors "
-                     f"{rates.get('format_error', 0):.1%}, timeouts {rates.get('timeout', 0):.1%}.")
+                     f"{rates.get('format_error', 0):.1%}, truncated {rates.get('truncated', 0):.1%}, "
+                     f"timeouts {rates.get('timeout', 0):.1%}, infra errors {rates.get('infra_error', 0):.1%}.")
     first = train[: max(1, min(3, len(train)))]
     if first:
         signal = [1 - r.get("groups_zero_variance_frac", 1.0) for r in first if "groups_zero_variance_frac" in r]
@@ -177,13 +185,71 @@ def handoff_section(train: list[dict[str, Any]], evals: dict[str, dict[str, dict
 
 def curve_table(train: list[dict[str, Any]]) -> list[str]:
     """The train reward curve as a table: one row per RL step."""
-    lines = ["## Train reward per RL step", "", "| step | reward mean | pass rate | groups with variance | "
-             "rollout s | train s |", "|---|---|---|---|---|---|"]
+    lines = ["## Train reward per RL step", "",
+             "Mismatch: mean |logp_train - logp_rollout| over policy tokens and a k3 estimate of "
+             "KL(rollout || train); TIS truncated: the share of tokens whose importance weight hit the cap "
+             "(0 when the sampler is the trained model). Truncated: episodes cut by their turn or token limit.", "",
+             "| step | reward mean | pass rate | groups with variance | trained groups | extra draws | truncated "
+             "| mismatch \\|dlogp\\| | mismatch KL | TIS truncated | rollout s | train s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in train:
         signal = 1 - r["groups_zero_variance_frac"] if "groups_zero_variance_frac" in r else float("nan")
         lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('pass_rate', 0):.3f} | {signal:.0%} | "
+                     f"{r.get('trained_groups', 'n/a')} | {r.get('dynamic_extra_draws', 0)} | "
+                     f"{r.get('truncation_rate', 0):.0%} | {r.get('logprob_gap_mean', float('nan')):.2e} | "
+                     f"{r.get('mismatch_kl', float('nan')):.2e} | {r.get('tis_truncated_frac', 0):.2%} | "
                      f"{r.get('time_rollout_s', 0):.0f} | {r.get('time_train_s', 0):.0f} |")
     return lines + [""]
+
+
+def write_audit(run_dir: Path, per_kind: int = 2, seed: int = 0) -> Path | None:
+    """`audit.md`: per RL step, the top-reward rollouts and as many random ones, each as a person
+    reads it (instruction, calls, observations, verdict): the manual audit the evaluation
+    practice asks for every step. None when the run saved no rollouts."""
+    import numpy as np
+
+    from toolgym.harness.trajectory import read_jsonl
+
+    files = sorted((run_dir / "rollouts").glob("step-*.jsonl"))
+    if not files:
+        return None
+    rng = np.random.default_rng(seed)
+    lines = ["# Audit sample", "", f"Per RL step: the {per_kind} highest-reward rollouts and {per_kind} drawn at "
+             "random (seeded) from the rest. Read them: a high reward for the wrong reason is a reward hack.", ""]
+    for path in files:
+        trajs = read_jsonl(path)
+        order = sorted(range(len(trajs)), key=lambda i: -trajs[i].reward)
+        top = order[:per_kind]
+        rest = [i for i in range(len(trajs)) if i not in top]
+        drawn = sorted(rng.choice(rest, size=min(per_kind, len(rest)), replace=False).tolist()) if rest else []
+        lines += [f"## {path.stem}", ""]
+        for label, picks in (("top reward", top), ("random", drawn)):
+            for i in picks:
+                lines += _audit_entry(trajs[i], f"{label} #{i}")
+    out = run_dir / "audit.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def _audit_entry(traj: Any, label: str) -> list[str]:
+    """One rollout as a readable block."""
+    def clip(text: Any, n: int = 600) -> str:
+        text = str(text)
+        return text if len(text) <= n else text[:n] + f" ... ({len(text) - n} more characters)"
+
+    out = [f"### {label}: task `{traj.task_id[:12]}` ({traj.family}), reward {traj.reward:.2f}, outcome "
+           f"`{traj.outcome.value}`" + (f", limit hit: {traj.limit_hit}" if traj.limit_hit else ""), ""]
+    for m in traj.messages:
+        role = m.get("role", "?")
+        if role == "system":
+            continue
+        out += [f"- **{role}**" + (f" ({m['name']})" if m.get("name") else "") + ":", "", "  ```",
+                *["  " + line for line in clip(m.get("content", "")).splitlines()], "  ```"]
+    if traj.verdict is not None:
+        out.append(f"- **verdict**: {traj.verdict.reason or traj.verdict.outcome.value}")
+    if traj.side_effects:
+        out.append("- **side effects**: " + ", ".join(sorted({e.get('kind', '?') for e in traj.side_effects})))
+    return out + [""]
 
 
 def headline_lines(headline: dict[str, Any]) -> list[str]:
@@ -228,7 +294,9 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
         last = train[-1]
         lines += ["## Training", "", f"{len(train)} RL steps. Last step: reward {last.get('reward_mean', 0):.3f}, "
                   f"pass rate {last.get('pass_rate', 0):.3f}, entropy {last.get('entropy', float('nan')):.3f}, "
-                  f"train/inference logprob gap mean {last.get('logprob_gap_mean', float('nan')):.2e}.", ""]
+                  f"train/inference logprob gap mean {last.get('logprob_gap_mean', float('nan')):.2e}, mismatch KL "
+                  f"{last.get('mismatch_kl', float('nan')):.2e}, TIS cap {last.get('tis_cap') or 'off'} (tokens "
+                  f"truncated {last.get('tis_truncated_frac', 0):.2%}).", ""]
         total = {k: sum(r.get(k, 0.0) for r in train) for k in ("time_rollout_s", "time_verify_s", "time_train_s")}
         lines += [f"Time: rollout {total['time_rollout_s']:.0f} s (verification inside it: "
                   f"{total['time_verify_s']:.0f} s of verifier time), training {total['time_train_s']:.0f} s.", ""]
@@ -251,6 +319,9 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
         else:
             lines.append("No side effect was recorded.")
         lines.append("")
+    audit = write_audit(run_dir)
+    if audit is not None:
+        lines += ["## Audit", "", f"Per step, the top-reward rollouts and as many random ones: [audit.md]({audit.name}).", ""]
     lines += ["## Curves", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
     (run_dir / "report.md").write_text("\n".join(lines))
     headline["report"] = str(run_dir / "report.md")
@@ -258,5 +329,5 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     return headline
 
 
-__all__ = ["ReportError", "curve_table", "handoff_section", "headline_lines", "heldout_section", "plot_curves",
+__all__ = ["ReportError", "write_audit", "curve_table", "handoff_section", "headline_lines", "heldout_section", "plot_curves",
            "write_report"]

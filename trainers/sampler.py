@@ -120,11 +120,14 @@ class LearnabilitySampler:
             return np.ones(len(ids))
         return np.array([max(self.learnability(t), self.config.floor) for t in ids])
 
-    def draw(self, n: int, rng: np.random.Generator) -> list[str]:
-        """`n` distinct task ids (fewer only if fewer tasks exist), before any rollout."""
+    def draw(self, n: int, rng: np.random.Generator, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """`n` distinct task ids (fewer only if fewer tasks exist), before any rollout; none of
+        `exclude` (tasks this step already plays)."""
         self.draws += 1
-        active = [t for t, s in self.stats.items() if s.retired is None or self.config.kind == "uniform"]
-        retired = [t for t, s in self.stats.items() if s.retired is not None and self.config.kind != "uniform"]
+        active = [t for t, s in self.stats.items() if (s.retired is None or self.config.kind == "uniform")
+                  and t not in exclude]
+        retired = [t for t, s in self.stats.items() if s.retired is not None and self.config.kind != "uniform"
+                   and t not in exclude]
         chosen: list[str] = []
         if retired and self.draws % self.config.retest_every == 0:
             chosen.append(retired[int(rng.integers(len(retired)))])  # re-test one: the policy may have moved

@@ -10,11 +10,16 @@ from pydantic import BaseModel, Field
 
 class Outcome(str, Enum):
     """How an episode ended. Trainers skip `infra_error` and `verifier_error`: those are our
-    failures, not the agent's, and are never trained on as reward 0."""
+    failures, not the agent's, and are never trained on as reward 0. A wall-clock watchdog that
+    trips (the machine or the policy server was slow) is an `infra_error`: time the agent did not
+    spend is never graded as its failure."""
 
     PASSED = "passed"
     FAILED = "failed"
+    #: the agent's code ran past its own time limit (a command, the hidden tests on its code)
     TIMEOUT = "timeout"
+    #: the episode was cut by its turn or token limit before the agent finished
+    TRUNCATED = "truncated"
     FORMAT_ERROR = "format_error"
     INFRA_ERROR = "infra_error"
     VERIFIER_ERROR = "verifier_error"
