@@ -170,3 +170,41 @@ def build_tiny(out: Optional[Path] = typer.Option(None, help="directory (default
     console.print(f"tiny policy at {path}")
 
 
+
+
+@app.command()
+def compare(first: Path = typer.Argument(..., help="an evaluation directory (report.json, trajectories.jsonl)"),
+            second: Path = typer.Argument(..., help="another evaluation of the same tasks")) -> None:
+    """Compare two evaluations of the same tasks: pass@1 of each, the paired difference with its
+    95% CI, the tasks that flipped either way, and a loud warning if their budgets differ."""
+    from toolgym.harness.evaluate import EvalReport, budget_warning, paired_difference, per_task_pass_rate
+    from toolgym.harness.trajectory import read_jsonl
+
+    loaded = []
+    for d in (first, second):
+        report, trajs = d / "report.json", d / "trajectories.jsonl"
+        if not report.exists() or not trajs.exists():
+            raise CLIError(f"{d}: not an evaluation directory (needs report.json and trajectories.jsonl from "
+                           "`toolgym eval --out`)")
+        try:
+            loaded.append((EvalReport.model_validate_json(report.read_text()), read_jsonl(trajs)))
+        except ValueError as err:
+            raise CLIError(f"{d}: unreadable evaluation ({str(err).splitlines()[0]})") from None
+    (ra, ta), (rb, tb) = loaded
+    warning = budget_warning(ra, rb)
+    if warning:
+        console.print(f"[bold red]{escape(warning)}[/]")
+    a, b = per_task_pass_rate(ta), per_task_pass_rate(tb)
+    common = sorted(set(a) & set(b))
+    if not common:
+        raise CLIError("the two evaluations share no graded task: nothing to compare")
+    diff = paired_difference(ta, tb)
+    gained = [t for t in common if b[t] > a[t]]
+    lost = [t for t in common if b[t] < a[t]]
+    console.print(f"{escape(ra.policy)}: pass@1 {sum(a[t] for t in common) / len(common):.3f}; "
+                  f"{escape(rb.policy)}: pass@1 {sum(b[t] for t in common) / len(common):.3f} on {len(common)} shared tasks")
+    console.print(f"difference (second - first) {diff.value * 100:+.1f} points, 95% CI [{diff.low * 100:+.1f}, "
+                  f"{diff.high * 100:+.1f}], paired; {len(gained)} task(s) flipped to pass, {len(lost)} to fail")
+    for label, ids in (("gained", gained), ("lost", lost)):
+        for task_id in ids[:10]:
+            console.print(f"  {label}: {task_id}")

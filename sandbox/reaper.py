@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from toolgym.sandbox import fs
 
@@ -28,8 +29,9 @@ def stale_temp_dirs() -> list[Path]:
     return [p for p in Path(tempfile.gettempdir()).glob("toolgym-*") if not owner_alive(p.name)]
 
 
-def reap_stale(docker: bool = False) -> int:
-    """Remove stale temp dirs and cgroups (and containers, if `docker`); returns how many."""
+def reap_stale(docker: Callable[[], int] | None = None) -> int:
+    """Remove stale temp dirs and cgroups (and containers, with `docker`: the docker backend's
+    own reaper, passed in so this module never imports the backend); returns how many."""
     count = 0
     for path in stale_temp_dirs():
         fs.remove_tree(path)
@@ -46,16 +48,14 @@ def reap_stale(docker: bool = False) -> int:
                     count += 1
                 except OSError:
                     pass
-    if docker:
-        from toolgym.sandbox.docker_pool import reap
-
-        count += reap()
+    if docker is not None:
+        count += docker()
         _DONE.add("docker")
     _DONE.add("local")
     return count
 
 
-def reap_once(docker: bool = False) -> None:
+def reap_once(docker: Callable[[], int] | None = None) -> None:
     """`reap_stale` the first time it is called in this process."""
-    if "local" not in _DONE or (docker and "docker" not in _DONE):
+    if "local" not in _DONE or (docker is not None and "docker" not in _DONE):
         reap_stale(docker)

@@ -8,6 +8,7 @@ from toolgym.tasks.dedup import LeakReport, find_leaks
 from toolgym.tasks.generators import SuiteSpec, builtin_suite, generate, register_suite, suite_specs
 from toolgym.tasks.suite import HELDOUT, TRAIN, SplitLeakError, TaskLoadError, TaskSuite, task_from_dict
 from toolgym.tasks.task import HiddenSpec, Probe, Task, TestRun, ToolCall
+from toolgym.tasks import mined as _mined  # noqa: F401,E402 (registers the mined directory format with TaskSuite.load)
 
 __all__ = [
     "HELDOUT", "TRAIN", "HiddenSpec", "Probe", "LeakReport", "SplitLeakError", "SuiteSpec", "Task",

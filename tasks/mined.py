@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from toolgym.tasks.suite import TaskLoadError, TaskSuite, task_from_dict
+from toolgym.tasks.suite import DIRECTORY_FORMATS, TaskLoadError, TaskSuite, task_from_dict
 from toolgym.tasks.task import Task
 
 
@@ -67,3 +67,7 @@ def load_mined_suite(root: str | Path) -> TaskSuite:
                 raise TaskLoadError(f"{where}: not a mined task row ({err}); mine the project again") from None
             tasks.append(task_from_dict(data, where))
     return TaskSuite(str(header.get("name", root.name)), tasks, str(header.get("version", "1")))
+
+
+# `TaskSuite.load` reads a mined suite directory (projects stored once) through this hook.
+DIRECTORY_FORMATS.append((lambda path: (path / "projects").is_dir(), load_mined_suite))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import yaml
 from pydantic import ValidationError
@@ -24,6 +24,11 @@ from toolgym.tasks.task import Task
 
 TRAIN = "train"
 HELDOUT = "held-out"
+
+
+#: Other on-disk suite formats: (does this directory hold one?, its loader). A format module
+#: registers itself here, so this module imports none of them.
+DIRECTORY_FORMATS: list[tuple[Callable[[Path], bool], Callable[[Path], "TaskSuite"]]] = []
 
 
 class TaskLoadError(ValueError):
@@ -209,10 +214,9 @@ class TaskSuite:
         path = Path(path)
         if not path.exists():
             raise TaskLoadError(f"{path}: no such file or directory")
-        if path.is_dir() and (path / "projects").is_dir():
-            from toolgym.tasks.mined import load_mined_suite  # mined suites: projects stored once
-
-            return load_mined_suite(path)
+        for claims, load in DIRECTORY_FORMATS:  # e.g. mined suites (tasks/mined.py): projects stored once
+            if path.is_dir() and claims(path):
+                return load(path)
         return cls.load_dir(path) if path.is_dir() else cls.load_jsonl(path)
 
     def save(self, path: str | Path) -> Path:

@@ -22,11 +22,47 @@ def records_env():
     env.close()
 
 
+#: This test run's processes: pytest itself, every CLI it ran and every descendant seen. What the
+#: leftovers check judges is only what these made (their pid is in every toolgym temp dir, cgroup
+#: and container label), never other work on the machine.
+RUN_PIDS: set[int] = {os.getpid()}
+
+
+def _watch_descendants() -> None:
+    """Add every descendant of this process to RUN_PIDS (polled: a child that lives long enough
+    to make a sandbox is seen; `run_cli` registers its CLIs directly)."""
+    import time
+
+    while True:
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and int(entry.name) not in RUN_PIDS:
+                try:
+                    stat = Path(entry.path, "stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) in RUN_PIDS:  # its parent is ours
+                    RUN_PIDS.add(int(entry.name))
+        time.sleep(0.1)
+
+
+def pytest_sessionstart(session) -> None:
+    import threading
+
+    threading.Thread(target=_watch_descendants, daemon=True, name="run-pids").start()
+
+
 def run_cli(*args: str, input: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `python -m toolgym.cli ...` in a fresh process, as a user would run `toolgym ...`."""
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "toolgym.cli", *args], capture_output=True, text=True,
-                          input=input, timeout=timeout, env=env)
+    with subprocess.Popen([sys.executable, "-m", "toolgym.cli", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env) as proc:
+        RUN_PIDS.add(proc.pid)
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +128,7 @@ def require_backend(backend: str) -> None:
             if not image_exists(DEFAULT_TAG):
                 pytest.fail(f"docker image {DEFAULT_TAG} missing: run `toolgym sandbox build-image` (scripts/test.sh does)")
         else:
-            from toolgym.sandbox.bwrap import find_bwrap, probe_userns
+            from toolgym.sandbox.bwrap_host import find_bwrap, probe_userns
 
             probe_userns(find_bwrap())
     except SandboxUnavailable as err:

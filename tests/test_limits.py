@@ -156,3 +156,17 @@ def test_dynamic_sampling_draws_more_tasks_and_overlong_episodes_leave_the_gradi
         assert campaign.trained_reward(first) == pytest.approx(0.0)  # reward 1, truncated: penalty 1
     finally:
         campaign.close()
+
+
+def test_compare_cli_warns_loudly_on_different_budgets(tmp_path):
+    from conftest import run_cli
+
+    for name, tokens in (("a", "1024"), ("b", "2048")):
+        assert run_cli("eval", "--policy", "oracle", "--suite", "records", "--tasks", "3", "--out",
+                       str(tmp_path / name), "--max-total-tokens", tokens).returncode == 0
+    result = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert result.returncode == 0, result.stderr
+    assert "WARNING" in result.stdout and "max_total_tokens: 1024 vs 2048" in result.stdout
+    assert "+0.0 points" in result.stdout and "0 task(s) flipped to pass" in result.stdout
+    bad = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "nowhere"))
+    assert bad.returncode != 0 and "not an evaluation directory" in bad.stderr + bad.stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.sandbox.bwrap import find_bwrap
+from toolgym.sandbox.bwrap_host import find_bwrap
 
 
 def test_bwrap_overlay_sandbox_as_nobody():

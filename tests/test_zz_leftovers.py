@@ -1,11 +1,58 @@
-"""Runs last: the whole test run must leave no container, process, mount, cgroup or temp dir."""
+"""Runs last: the test run must leave no container, process, mount, cgroup or temp dir of its own.
 
+Only what this run made is judged (`conftest.RUN_PIDS`: pytest, its CLIs and descendants; every
+toolgym temp dir, cgroup and mount path carries its maker's pid, containers a `toolgym.pid`
+label), so other toolgym work on the same machine cannot fail it."""
+
+import json
+import re
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import RUN_PIDS
+
+_OWNER = re.compile(r"toolgym-(?:[a-z]+-)*?(\d+)-")
+
+
+def _ours(text: str) -> bool:
+    """True if a toolgym name or path in `text` was made by a process of this run."""
+    return any(int(pid) in RUN_PIDS for pid in _OWNER.findall(text))
+
+
+def _our_containers() -> list[str]:
+    listing = subprocess.run(["docker", "ps", "-a", "--filter", "label=toolgym", "--format", "{{json .}}"],
+                             capture_output=True, text=True)
+    if listing.returncode != 0:
+        pytest.fail(f"docker is not answering: {listing.stderr}")
+    out = []
+    for line in listing.stdout.splitlines():
+        info = json.loads(line)
+        labels = dict(kv.split("=", 1) for kv in info.get("Labels", "").split(",") if "=" in kv)
+        if int(labels.get("toolgym.pid", "0") or 0) in RUN_PIDS:
+            out.append(info.get("ID", "?"))
+    return out
+
+
+def _our_processes() -> list[str]:
+    """bwrap/wrapper processes in a cgroup this run made, or whose parent is one of this run's."""
+    procs = subprocess.run(["pgrep", "-af", "bwrap|toolgym-wrapper"], capture_output=True, text=True).stdout
+    out = []
+    for line in procs.splitlines():
+        pid = int(line.split()[0])
+        if "pgrep" in line:
+            continue
+        try:
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if _ours(cgroup) or parent in RUN_PIDS or pid in RUN_PIDS:
+            out.append(line)
+    return out
 
 
 def test_nothing_left_behind():
@@ -25,23 +72,19 @@ def test_nothing_left_behind():
     deadline = time.time() + 10
     while True:
         problems = []
-        containers = subprocess.run(["docker", "ps", "-aq", "--filter", "label=toolgym"], capture_output=True,
-                                    text=True)
-        if containers.returncode != 0:
-            pytest.fail(f"docker is not answering: {containers.stderr}")
-        if containers.stdout.strip():
-            problems.append(f"containers: {containers.stdout.split()}")
-        temps = [p.name for p in Path(tempfile.gettempdir()).glob("toolgym-*")]
+        containers = _our_containers()
+        if containers:
+            problems.append(f"containers: {containers}")
+        temps = [p.name for p in Path(tempfile.gettempdir()).glob("toolgym-*") if _ours(p.name)]
         if temps:
             problems.append(f"temp dirs: {temps}")
-        mounts = [ln for ln in Path("/proc/mounts").read_text().splitlines() if "toolgym" in ln]
+        mounts = [ln for ln in Path("/proc/mounts").read_text().splitlines() if "toolgym" in ln and _ours(ln)]
         if mounts:
             problems.append(f"mounts: {mounts}")
-        procs = subprocess.run(["pgrep", "-af", "bwrap|toolgym-wrapper"], capture_output=True, text=True).stdout
-        procs = [ln for ln in procs.splitlines() if "pgrep" not in ln]
+        procs = _our_processes()
         if procs:
             problems.append(f"processes: {procs}")
-        cgroups = [str(p) for root in ("/sys/fs/cgroup",) for p in Path(root).rglob("toolgym-*")] \
+        cgroups = [str(p) for p in Path("/sys/fs/cgroup").rglob("toolgym-*") if _ours(p.name)] \
             if Path("/sys/fs/cgroup").exists() else []
         if cgroups:
             problems.append(f"cgroups: {cgroups}")
@@ -49,3 +92,12 @@ def test_nothing_left_behind():
             break
         time.sleep(0.5)
     assert not problems, "; ".join(problems)
+
+
+def test_the_check_sees_only_this_runs_names():
+    """A name made by another process (a pid outside this run) is not judged; one of ours is."""
+    import os
+
+    assert _ours(f"toolgym-bwrap-{os.getpid()}-abc")
+    stranger = max(RUN_PIDS) + 100_000  # no pid of this run
+    assert not _ours(f"toolgym-bwrap-{stranger}-abc") and not _ours("toolgym-cache")

@@ -3,13 +3,14 @@
 May import `toolgym.tasks` and `toolgym.sandbox` only.
 """
 
-from toolgym.verifiers.answer import AnswerVerifier, VerifierError, verifier_for
+from toolgym.verifiers.answer import AnswerVerifier
 from toolgym.verifiers.hidden_tests import HiddenTestVerifier, parse_junit
 from toolgym.verifiers.package_tests import PackageTestVerifier
 from toolgym.verifiers.protect import is_protected
 from toolgym.verifiers.score import ScoreVerifier, register_scorer
 from toolgym.verifiers.state import CompositeVerifier, StateVerifier
-from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
+from toolgym.verifiers.select import verifier_for
+from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict, VerifierError
 
 
 

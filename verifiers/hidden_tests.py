@@ -28,13 +28,12 @@ import json
 import secrets
 import time
 import xml.etree.ElementTree as ET
-from importlib import resources
 from typing import Callable
 
 from toolgym.sandbox import SandboxConfig, SandboxError
 from toolgym.tasks import Task
 from toolgym.verifiers.grading import grading_sandbox
-from toolgym.verifiers.judge import JudgeService, judge_service
+from toolgym.verifiers.judge import JudgeService, grader_source, judge_service
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
 SENTINEL = "test_toolgym_sentinel"
@@ -45,11 +44,6 @@ RESULTS_FILE = "probe_results.json"
 
 
 @functools.cache
-def grader_source(name: str) -> str:
-    """Text of one of the grader's own scripts (`verifiers/_grader/`)."""
-    return resources.files("toolgym.verifiers").joinpath("_grader", name).read_text()
-
-
 def parse_junit(xml_text: str) -> list[TestResult]:
     """Test cases from a JUnit XML report (pytest's format)."""
     root = ET.fromstring(xml_text)

@@ -23,6 +23,7 @@ import secrets
 import select
 import sys
 import threading
+from importlib import resources
 from pathlib import Path
 
 from toolgym.sandbox import Limits, Sandbox, SandboxConfig, SandboxError, make_sandbox
@@ -45,12 +46,15 @@ class Judgement:
         self.output = output
 
 
+def grader_source(name: str) -> str:
+    """Text of one of the grader's own scripts (`verifiers/_grader/`)."""
+    return resources.files("toolgym.verifiers").joinpath("_grader", name).read_text()
+
+
 class JudgeService:
     """One judge sandbox with its server; `judge()` is safe to call from many threads."""
 
     def __init__(self, config: SandboxConfig) -> None:
-        from toolgym.verifiers.hidden_tests import grader_source
-
         cpus = float(os.cpu_count() or 1)
         limits = Limits(memory_mb=max(config.limits.memory_mb, 2048), pids=max(config.limits.pids, 512),
                         cpu_time_s=7 * 86400, cpus=cpus, timeout_s=config.limits.timeout_s)

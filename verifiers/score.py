@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from toolgym.tasks import Task
-from toolgym.verifiers.answer import VerifierError
+from toolgym.verifiers.verdict import VerifierError
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
 #: A scorer: (task, submitted answer) -> score in [0, 1].

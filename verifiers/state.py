@@ -35,7 +35,7 @@ class StateVerifier:
         start = time.perf_counter()
         hidden = task.hidden
         if "check.py" not in hidden.files and not hidden.command:
-            from toolgym.verifiers.answer import VerifierError
+            from toolgym.verifiers.verdict import VerifierError
 
             raise VerifierError(f"task {task.id}: a state task needs hidden/check.py or a command")
         checker_dir = f"{CHECK_DIR}-{secrets.token_hex(4)}"

@@ -30,6 +30,10 @@ class Outcome(str, Enum):
         return self not in (Outcome.INFRA_ERROR, Outcome.VERIFIER_ERROR)
 
 
+class VerifierError(RuntimeError):
+    """The verifier itself could not grade (bad spec, crashed checker): `verifier_error`."""
+
+
 class TestResult(BaseModel):
     """One hidden test (or check) and whether it passed."""
 
