@@ -1,16 +1,20 @@
-"""CPU generation of a real model: toolgym's batched sampler vs transformers `generate`.
+"""CPU generation of a real model: toolgym's batched sampler vs transformers `generate`, and how
+close it runs to this machine's own ceiling.
 
 SmolLM2-135M-Instruct (the built-in `smollm2-135m`), batch 32, 300-token prompts, 64 new tokens
 per row, every row sampling at temperature 1 until the length (no stop token can end a row early),
 measured side by side in one run, best of `--repeats`:
 
-- **one turn**: `HFPolicy.generate_batch` (bf16 weights, the grouped-query CPU attention, a
-  preallocated KV cache) vs `model.generate` on the same prompts in fp32 (transformers' default,
-  the issue's baseline) and in bf16 (SDPA);
+- **the ceiling**: this machine's matmul throughput (GFLOP/s, all threads) in the dtype toolgym
+  samples in, measured in the same run; **model-FLOP utilisation** (MFU) = new tokens/s x
+  2 x parameters / ceiling (prefill and attention are not counted as model FLOPs: MFU is a floor);
+- **one turn**: `HFPolicy.generate_batch` in the dtype the hardware computes fastest (bf16 only
+  where it is native: `harness/hardware.py`; fp32 on an AVX2-only CPU) vs `model.generate` on the
+  same prompts in fp32 (transformers' default) and, where bf16 is native, in bf16;
 - **an episode of `--turns` turns**: each turn's prompt is the previous prompt, its completion and
   a 40-token observation, as in an agent episode. toolgym keeps each episode's keys and values
-  between turns and computes only the new tokens; `generate` (bf16) re-reads the whole history
-  every turn; toolgym without episode ids (no reuse) isolates what the reuse is worth.
+  between turns and computes only the new tokens; `generate` re-reads the whole history every
+  turn; toolgym without episode ids (no reuse) isolates what the reuse is worth.
 
 Throughput is new (generated) tokens per second of wall time, prefill included.
 
@@ -29,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_results  # noqa: E402  (bench/common.py)
+from toolgym.harness.hardware import choose_bf16, cpu_description, gemm_ceiling  # noqa: E402
 from toolgym.harness.hf_policy import HFPolicy  # noqa: E402
 from toolgym.harness.policy import SamplingParams  # noqa: E402
 from toolgym.harness.pretrained import resolve_model  # noqa: E402
@@ -103,47 +108,62 @@ def main() -> None:
 
     torch.manual_seed(0)
     source = resolve_model(args.model)
-    policy = HFPolicy(source, device="cpu", dtype="bf16")
+    precision = choose_bf16("auto", "cpu")
+    dtype = torch.bfloat16 if precision.dtype == "bf16" else torch.float32
+    policy = HFPolicy(source, device="cpu", dtype=precision.dtype)
     vocab = policy.model.config.vocab_size
+    params = sum(p.numel() for p in policy.model.parameters())
     fp32 = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-    bf16 = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).eval()
+    same = fp32 if dtype == torch.float32 else AutoModelForCausalLM.from_pretrained(source, dtype=dtype).eval()
     prompts = random_rows(vocab, args.batch, args.prompt, seed=0)
     observations = [random_rows(vocab, args.batch, OBSERVATION, seed=1 + t) for t in range(args.turns)]
     pad = policy.pad_id
-    print(f"{args.model} on the CPU ({torch.get_num_threads()} threads): batch {args.batch}, {args.prompt}-token prompts, "
+    ceiling = gemm_ceiling(dtype)
+    print(f"machine: {cpu_description()}")
+    print(f"toolgym samples in {precision.dtype} ({precision.reason})")
+    print(f"ceiling: {ceiling:.1f} GFLOP/s ({precision.dtype} matmul, {torch.get_num_threads()} threads, measured now)")
+    print(f"{args.model} ({params / 1e6:.0f} M parameters): batch {args.batch}, {args.prompt}-token prompts, "
           f"{args.new} new tokens per turn, best of {args.repeats}")
 
+    def mfu(rate: float) -> float:
+        return rate * 2 * params / 1e9 / ceiling
+
     one = {
-        "toolgym_bf16": best_rate(lambda: toolgym_episode(policy, prompts, args.new, 1, False, observations),
-                                  args.repeats),
+        f"toolgym_{precision.dtype}": best_rate(lambda: toolgym_episode(policy, prompts, args.new, 1, False, observations),
+                                                args.repeats),
         "generate_fp32": best_rate(lambda: generate_episode(fp32, prompts, args.new, 1, pad, observations),
                                    args.repeats),
-        "generate_bf16": best_rate(lambda: generate_episode(bf16, prompts, args.new, 1, pad, observations),
-                                   args.repeats),
     }
+    if dtype != torch.float32:
+        one["generate_bf16"] = best_rate(lambda: generate_episode(same, prompts, args.new, 1, pad, observations),
+                                         args.repeats)
+    mine = one[f"toolgym_{precision.dtype}"]["tokens_per_s"]
     base = one["generate_fp32"]["tokens_per_s"]
     print("one turn:")
     for label, r in one.items():
-        print(f"  {label:<22} {r['tokens_per_s']:6.0f} new tok/s  ({r['tokens_per_s'] / base:.2f}x generate fp32)")
-    print(f"  toolgym vs generate bf16 (same dtype): "
-          f"{one['toolgym_bf16']['tokens_per_s'] / one['generate_bf16']['tokens_per_s']:.2f}x")
+        print(f"  {label:<22} {r['tokens_per_s']:6.0f} new tok/s  ({r['tokens_per_s'] / base:.2f}x generate fp32; "
+              f"{r['tokens_per_s'] * 2 * params / 1e9:.1f} GFLOP/s of model work, MFU {mfu(r['tokens_per_s']):.0%})")
 
+    generate_label = f"generate_{precision.dtype}"
     multi = {
         "toolgym_episode_kv": best_rate(lambda: toolgym_episode(policy, prompts, args.new, args.turns, True,
                                                                 observations), args.repeats),
         "toolgym_no_reuse": best_rate(lambda: toolgym_episode(policy, prompts, args.new, args.turns, False,
                                                               observations), args.repeats),
-        "generate_bf16": best_rate(lambda: generate_episode(bf16, prompts, args.new, args.turns, pad, observations),
-                                   args.repeats),
+        generate_label: best_rate(lambda: generate_episode(same, prompts, args.new, args.turns, pad, observations),
+                                  args.repeats),
     }
-    base = multi["generate_bf16"]["tokens_per_s"]
+    base = multi[generate_label]["tokens_per_s"]
     print(f"an episode of {args.turns} turns (+{OBSERVATION} observation tokens after each):")
     for label, r in multi.items():
-        print(f"  {label:<22} {r['tokens_per_s']:6.0f} new tok/s  ({r['tokens_per_s'] / base:.2f}x generate bf16)")
+        print(f"  {label:<22} {r['tokens_per_s']:6.0f} new tok/s  ({r['tokens_per_s'] / base:.2f}x {generate_label}; "
+              f"MFU {mfu(r['tokens_per_s']):.0%})")
     print(f"  keeping each episode's KV cache: {multi['toolgym_episode_kv']['tokens_per_s'] / multi['toolgym_no_reuse']['tokens_per_s']:.2f}x "
           f"vs recomputing the history")
-    write_results(args.out, {"args": vars(args), "one_turn": one, "episode": multi,
-                             "ratio_vs_generate_fp32": one["toolgym_bf16"]["tokens_per_s"] / one["generate_fp32"]["tokens_per_s"]})
+    print(f"batch-{args.batch} generation: {mine:.0f} new tok/s = MFU {mfu(mine):.0%} of the {ceiling:.0f} GFLOP/s ceiling")
+    write_results(args.out, {"args": vars(args), "machine": cpu_description(), "precision": precision.as_dict(),
+                             "ceiling_gflops": ceiling, "params": params, "mfu_one_turn": mfu(mine),
+                             "one_turn": one, "episode": multi, "ratio_vs_generate_fp32": mine / one["generate_fp32"]["tokens_per_s"]})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@ One RL step on the same batch of real trajectories (oracle demonstrations of `re
 tasks, so every configuration trains the same tokens), for: full fine-tune, full fine-tune with a
 reference model (KL, beta > 0), LoRA, LoRA with KL (the reference is the base with adapters off).
 Each configuration runs in a fresh process so its peak RSS is its own. Prints train tokens/s and
-peak memory, and the ratios to the full fine-tune.
+peak memory, and the ratios to the full fine-tune; and, against this machine's matmul ceiling
+measured in the same run (the dtype each configuration computes in), model-FLOP utilisation:
+6 x parameters FLOPs per token forwarded (forward and backward; padding excluded, the policy's
+trained tokens reported beside). `autocast: auto` configurations compute in bf16 only where the
+CPU does so natively (fp32 on an AVX2-only CPU: `harness/hardware.py`).
 
     python bench/trainer.py [--hidden 128 --layers 4] [--batch 32] [--out runs/bench/trainer.json]
 """
@@ -21,10 +25,10 @@ from pathlib import Path
 
 CONFIGS = {
     "full": {},
-    "full + bf16 autocast": {"autocast": "bf16"},
+    "full + autocast auto": {"autocast": "auto"},
     "full + reference (kl)": {"kl_beta": 0.05},
     "lora": {"lora": {"r": 8, "alpha": 16}},
-    "lora + bf16 autocast": {"lora": {"r": 8, "alpha": 16}, "autocast": "bf16"},
+    "lora + autocast auto": {"lora": {"r": 8, "alpha": 16}, "autocast": "auto"},
     "lora + kl": {"lora": {"r": 8, "alpha": 16}, "kl_beta": 0.05},
 }
 
@@ -56,7 +60,9 @@ def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str 
         m = learner.rl_step(data)
     elapsed = time.perf_counter() - start
     trainable = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
+    params = sum(p.numel() for p in policy.model.parameters())
     return {"config": name, "train_tokens": m["train_tokens"], "padded_tokens": int(data.attention.sum()),
+            "params": params, "precision": learner.precision.dtype,
             "tokens_per_s": m["train_tokens"] * steps / elapsed, "step_s": elapsed / steps,
             "trainable_params": trainable, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -83,18 +89,29 @@ def main() -> None:
                               str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps), *extra],
                              capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    import torch
+
+    from toolgym.harness.hardware import cpu_description, gemm_ceiling
+
+    ceilings = {d: gemm_ceiling(torch.bfloat16 if d == "bf16" else torch.float32)
+                for d in sorted({r["precision"] for r in results})}
     base = results[0]
     model = args.model or f"tiny h{args.hidden} x {args.layers} layers"
+    print(f"machine: {cpu_description()}; ceiling " + ", ".join(f"{d} {g:.1f} GFLOP/s" for d, g in ceilings.items())
+          + f" (matmul, {torch.get_num_threads()} threads, measured now)")
     print(f"one RL step, {base['train_tokens']} policy tokens ({base['padded_tokens']} tokens forwarded), "
-          f"model {model}, CPU:")
+          f"model {model} ({base['params'] / 1e6:.1f} M parameters), CPU:")
     for r in results:
+        step_flops = 6 * r["params"] * r["padded_tokens"]
+        r["mfu"] = step_flops / r["step_s"] / 1e9 / ceilings[r["precision"]]
         print(f"  {r['config']:<22} {r['tokens_per_s']:8.0f} train tok/s ({r['step_s']:.2f} s/step, "
-              f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x full)  peak RSS {r['peak_rss_mb']:.0f} MB "
-              f"({r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x)  trainable {r['trainable_params']:,}")
+              f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x full, computes in {r['precision']}, MFU {r['mfu']:.0%})  "
+              f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x)  "
+              f"trainable {r['trainable_params']:,}")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from common import write_results  # bench/common.py
 
-    write_results(args.out, results)
+    write_results(args.out, {"machine": cpu_description(), "ceilings_gflops": ceilings, "results": results})
 
 
 if __name__ == "__main__":

@@ -170,3 +170,30 @@ def test_compare_cli_warns_loudly_on_different_budgets(tmp_path):
     assert "+0.0 points" in result.stdout and "0 task(s) flipped to pass" in result.stdout
     bad = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "nowhere"))
     assert bad.returncode != 0 and "not an evaluation directory" in bad.stderr + bad.stdout
+
+
+def test_a_bf16_sampling_copy_gets_the_trained_weights_and_tis_corrects_it(tmp_path):
+    """The copy path on any CPU (a tiny model, where emulated bf16 costs nothing): rollouts sample
+    from a bf16 copy, the update is off-policy so TIS is on, and the copy receives the new weights."""
+    import json
+
+    import torch
+    from test_trainer import _small_config, _write
+
+    from toolgym.trainers.campaign import Campaign
+    from toolgym.trainers.config import load_config
+
+    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
+        "model": {"init": "tiny", "rollout_dtype": "bf16"}, "sft": {"steps": 0},
+        "rl": {"steps": 1, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False, "dynamic_sampling": 0,
+               "learner": {"lr": 1e-3, "token_budget": 4096}}})))
+    campaign = Campaign(cfg, progress=False)
+    assert campaign._copy is not None and campaign._copy.policy.dtype == torch.bfloat16
+    assert campaign.learner.off_policy and campaign.learner.tis_cap() == 2.0
+    campaign.run()
+    train = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "train"]
+    assert train[0]["tis_cap"] == 2.0 and train[0]["logprob_gap_mean"] > 0  # bf16 sampling vs fp32 training
+    trained = dict(campaign.policy.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
+    served = dict(campaign._copy.policy.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
+    assert torch.equal(served, trained.detach().to(torch.bfloat16))

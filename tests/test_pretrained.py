@@ -60,19 +60,23 @@ def test_models_that_are_not_there_say_what_to_do(tmp_path):
 
 def test_one_sft_and_one_grpo_step_on_smollm2_with_real_rollouts(tmp_path, smollm2_dir):
     """The campaign path of the main job, shrunk: SmolLM2 loads by name, SFT takes a step on oracle
-    demonstrations, GRPO plays real episodes with the bf16 sampling copy, trains on them, and the
-    copy receives the new weights."""
+    demonstrations, GRPO plays real episodes with the sampling precision the hardware computes
+    fastest (`auto`: a bf16 copy where bf16 is native, the fp32 model itself on an AVX2-only CPU),
+    trains on them, and the sampler holds the new weights (the copy path on every CPU: the tiny
+    model's test in test_limits.py)."""
+    from toolgym.harness.hardware import cpu_bf16
+
     from toolgym.trainers.campaign import Campaign
     from toolgym.trainers.config import load_config
 
     config = {
         "name": "smollm2", "seed": 1, "out_dir": str(tmp_path / "run"),
-        "model": {"init": "smollm2-135m", "device": "cpu", "dtype": "fp32", "rollout_dtype": "bf16",
+        "model": {"init": "smollm2-135m", "device": "cpu", "dtype": "fp32", "rollout_dtype": "auto",
                   "chat_template": "qwen2.5-compact"},
         "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 8, "eval_tasks": 2}],
         "sft": {"steps": 1, "batch_size": 2, "lr": 1e-4, "demos_per_suite": 2},
         "rl": {"steps": 1, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False,
-               "learner": {"lr": 1e-5, "autocast": "bf16"}},
+               "learner": {"lr": 1e-5, "autocast": "auto"}},
         "rollout": {"max_turns": 3, "max_new_tokens": 40, "max_total_tokens": 768, "temperature": 1.0,
                     "concurrency": 8},
         "eval": {"temperature": 0.0, "base_tasks": 1},
@@ -81,8 +85,10 @@ def test_one_sft_and_one_grpo_step_on_smollm2_with_real_rollouts(tmp_path, smoll
     path = tmp_path / "campaign.yaml"
     path.write_text(yaml.safe_dump(config))
     campaign = Campaign(load_config(path), progress=False)
-    sampler = campaign._copy.policy
-    assert sampler.dtype == torch.bfloat16 and campaign.policy.dtype == torch.float32
+    native = cpu_bf16().dtype == "bf16"
+    sampler = campaign._copy.policy if native else campaign.policy
+    assert sampler.dtype == (torch.bfloat16 if native else torch.float32) and campaign.policy.dtype == torch.float32
+    assert (campaign._copy is not None) == native and campaign.learner.precision.dtype == cpu_bf16().dtype
     result = campaign.run()
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     sft = [r for r in records if r["kind"] == "sft"]
@@ -92,11 +98,13 @@ def test_one_sft_and_one_grpo_step_on_smollm2_with_real_rollouts(tmp_path, smoll
     assert [r["label"] for r in records if r["kind"] == "eval"] == ["base", "sft", "final"]
     rollouts = (tmp_path / "run" / "rollouts" / "step-0001.jsonl").read_text().splitlines()
     assert len(rollouts) == 4 and all('"kind":"policy"' in line.replace(" ", "") for line in rollouts)
-    # the sampling copy holds the trained weights (bf16 of the fp32 master)
+    # the sampler holds the trained weights (bf16 of the fp32 master where it is a copy)
     trained = dict(campaign.policy.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
     served = dict(sampler.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
-    assert torch.equal(served, trained.detach().to(torch.bfloat16))
+    assert torch.equal(served, trained.detach().to(sampler.dtype))
     assert sampler.version == 1
+    hardware = json.loads((tmp_path / "run" / "hardware.json").read_text())  # what auto chose, and why
+    assert hardware["rollout"]["dtype"] == cpu_bf16().dtype and hardware["rollout"]["reason"]
     assert result["lines"] and result["lines"][0].startswith("records held-out pass@1: base ")
     exported = (tmp_path / "run" / "final-model" / "chat_template.jinja").read_text()
     assert exported == load_template("qwen2.5-compact")
