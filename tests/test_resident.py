@@ -133,3 +133,57 @@ def test_long_commands_run_and_too_long_ones_are_the_callers_error(box):
     with pytest.raises(SandboxError, match="limit") as err:
         box.exec(f"v={payload}{payload}; echo ${{#v}}")
     assert not isinstance(err.value, SandboxInfraError)
+
+
+def test_a_reset_on_saturated_cores_is_proved_clean_every_time(box):
+    """Two CPU-bound processes beside it: after every reset the sandbox has no live process (the
+    init starting in the background, and the harness's own thread moving through the sandbox's
+    cgroup to start it, are machinery, not leftovers)."""
+    import subprocess
+    import sys
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for i in range(60):
+            box.exec("sleep 30 & echo x > f.txt")
+            box.reset()
+            assert box.live_processes() == [], f"reset {i}"
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+
+
+def test_the_host_process_is_never_counted_in_a_sandbox_cgroup(box):
+    """A harness thread inside the sandbox's cgroup (as `spawn` puts it for a fork, cgroup v1) makes
+    `cgroup.procs` list the harness: the sandbox's process count leaves it out."""
+    import os
+
+    cgroup = box.cgroup
+    if cgroup is None or cgroup.version != 1:
+        pytest.skip("threads move between cgroups on cgroup v1 only")  # v2: a launcher shell, no transit
+    inside = threading.Event()
+    release = threading.Event()
+
+    def transit():
+        tid = str(threading.get_native_id())
+        homes = {ctl: (d / "tasks") for ctl, d in cgroup.dirs.items()}
+        for path in homes.values():
+            path.write_text(tid)  # this thread is now in the sandbox's cgroup, like spawn's
+        inside.set()
+        release.wait(10)
+        from toolgym.sandbox.cgroups import V1, _own_v1_path
+
+        for ctl in cgroup.dirs:
+            (V1[ctl] / _own_v1_path(ctl) / "tasks").write_text(tid)
+
+    thread = threading.Thread(target=transit)
+    thread.start()
+    try:
+        inside.wait(10)
+        listed = {int(x) for d in cgroup.dirs.values() for x in (d / "cgroup.procs").read_text().split()}
+        assert os.getpid() in listed  # the kernel does list the harness...
+        assert os.getpid() not in cgroup.pids() and box.live_processes() == []  # ...the sandbox does not count it
+    finally:
+        release.set()
+        thread.join(10)
