@@ -142,7 +142,8 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
             traj.limit_hit = "turns"
         if terminated or truncated:
             break
-        obs_msgs = observation_messages(info["tool_results"])
+        # an environment may answer with messages of its own (e.g. the user's next request)
+        obs_msgs = info.get("observation_messages") or observation_messages(info["tool_results"])
         messages.extend(obs_msgs)
         if token_level:
             assert renderer is not None

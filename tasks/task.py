@@ -156,6 +156,8 @@ class Task(BaseModel):
         """The oracle as the agent's turns: one call per turn, or, for tasks whose answer is one
         turn of calls (`metadata["oracle_turns"] == "one"`, e.g. BFCL's parallel calls), every call
         in a single turn (an empty oracle: a turn that calls nothing)."""
+        if isinstance(self.metadata.get("oracle_texts"), list):  # the task spells its oracle turns out
+            return [str(t) for t in self.metadata["oracle_texts"]]
         if self.metadata.get("oracle_turns") == "one":
             return ["\n".join(c.to_text() for c in self.oracle) or "None of the available functions fits this request."]
         return [c.to_text() for c in self.oracle]

@@ -131,3 +131,113 @@ def test_eval_cli_reports_bfcl_accuracy_per_category(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["overall"]["pass_at"]["1"]["value"] == 1.0 and set(report["by_family"]) <= set(CATEGORIES)
+
+
+# ---- multi-turn -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def multi():
+    return builtin_suite("bfcl-multi")
+
+
+def _bfcl_multi_direct(task, decoded):
+    """BFCL's multi-turn checker called directly on hand-made decoded call strings."""
+    import uuid
+
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    checkers()
+    args = task.hidden.scorer_args
+    if len(decoded) != len(args["ground_truth"]):
+        return False
+    model = f"direct_{uuid.uuid4().hex}"
+    try:
+        return multi_turn_checker(decoded, args["ground_truth"], dict(args["entry"]), args["category"], model)["valid"]
+    finally:
+        for name in [n for n in vars(multi_turn_utils) if n.startswith(model)]:
+            del vars(multi_turn_utils)[name]
+
+
+def _play(task, steps):
+    """Play `steps` (one model step each: a list of (name, arguments) calls, or [] to hand the turn
+    back) through the environment; the reward it ends with (0 if it never ended)."""
+    env = toolgym.make("bfcl-multi-v0").unwrapped
+    env.reset(options={"task": task})
+    reward = 0.0
+    for calls in steps:
+        _, reward, terminated, truncated, _ = env.step(_text([{n: a} for n, a in calls]) or "Done.")
+        if terminated or truncated:
+            break
+    return reward == 1.0
+
+
+def _as_string(name, args):
+    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + ")"
+
+
+def _multi_variants(task):
+    """(label, steps for the environment, decoded strings for BFCL) for right and wrong episodes."""
+    gt = task.hidden.scorer_args["ground_truth"]
+    from toolgym.envs.families.bfcl_multi import instances, methods, parse_ground_truth
+
+    table = methods(instances(task.hidden.scorer_args["entry"]))
+    turns = [[(c.name, dict(c.arguments)) for c in (parse_ground_truth(s, table) for s in turn)] for turn in gt]
+
+    def episode(turn_calls):
+        steps, decoded = [], []
+        for calls in turn_calls:
+            steps += ([calls] if calls else []) + [[]]
+            decoded.append([[_as_string(n, a) for n, a in calls]] if calls else [])
+        return steps, decoded
+
+    out = [("oracle", *episode(turns)), ("nothing", *episode([[] for _ in turns]))]
+    first = next(i for i, t in enumerate(turns) if t)
+    dropped = [t if i != first else t[:-1] for i, t in enumerate(turns)]
+    out.append(("a call dropped", *episode(dropped)))
+    name, args = turns[first][-1]
+    if args:
+        key = next(iter(args))
+        value = args[key]
+        changed = [t if i != first else t[:-1] + [(name, {**args, key: (value + "_x") if isinstance(value, str)
+                                                           else 12345})] for i, t in enumerate(turns)]
+        out.append(("an argument changed", *episode(changed)))
+    steps, decoded = episode(turns)
+    out.append(("stopped before the last request", steps[:-1], decoded[:-1]))
+    return out
+
+
+@pytest.mark.parametrize("category", ["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param"])
+def test_multi_turn_verdicts_are_bfcls(multi, category):
+    seen = {}
+    for task in [t for t in multi.tasks if t.family == category][:3]:
+        for label, steps, decoded in _multi_variants(task):
+            ours, theirs = _play(task, steps), _bfcl_multi_direct(task, decoded)
+            assert ours == theirs, f"{task.metadata['bfcl_id']} {label}: toolgym {ours}, bfcl {theirs}"
+            seen.setdefault(label, set()).add(ours)
+    assert seen["oracle"] == {True} and seen["nothing"] == {False}
+    assert seen["stopped before the last request"] == {False} and seen["a call dropped"] == {False}
+
+
+def test_multi_turn_calls_run_methods_and_the_next_request_arrives_as_a_user_message(multi):
+    task = next(t for t in multi.tasks if t.family == "multi_turn_miss_func")
+    env = toolgym.make("bfcl-multi-v0").unwrapped
+    env.reset(options={"task": task})
+    obs, _, terminated, _, info = env.step(task.oracle_turns()[0])
+    assert not terminated and info["tool_results"] and not info.get("observation_messages")
+    # text without a call hands the turn back: the user's next request arrives
+    _, _, terminated, _, info = env.step("Done.")
+    assert not terminated and info["observation_messages"][0]["role"] == "user"
+    assert info["observation_messages"][0]["content"] == str(task.hidden.scorer_args["entry"]["question"][1][0]["content"])
+    # a name that is not one of the APIs' public methods runs nothing
+    _, _, _, _, info = env.step(_text([{"__import__": {"name": "os"}}]))
+    assert info["tool_results"][0]["error"] and "not defined" in info["tool_results"][0]["content"]
+
+
+@pytest.mark.parametrize("env_id", ["bfcl-v0", "bfcl-multi-v0"])
+def test_toolgym_check_passes_on_both_bfcl_suites(env_id):
+    from conftest import run_cli
+
+    result = run_cli("check", env_id, "--tasks", "8")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all 8 checks passed" in result.stdout.replace("\n", " ")

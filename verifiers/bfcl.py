@@ -90,4 +90,58 @@ def _score(task: Task, answer: str) -> float:
 
 register_scorer("bfcl-ast", _score)
 
-__all__ = ["MODEL_NAME", "bfcl_verdict", "checkers"]
+
+
+def call_string(name: str, arguments: dict[str, Any]) -> str:
+    """A call as BFCL's multi-turn checker reads it, `name(key=value, ...)`, built only from the
+    call's name (an identifier the environment offered) and `repr` of its JSON argument values:
+    literals, never code."""
+    if not name.isidentifier():
+        raise ValueError(f"not a function name: {name!r}")
+    parts = []
+    for key, value in arguments.items():
+        if not str(key).isidentifier():
+            raise ValueError(f"not an argument name: {key!r}")
+        parts.append(f"{key}={value!r}")
+    return f"{name}({', '.join(parts)})"
+
+
+def multi_turn_verdict(entry: dict[str, Any], ground_truth: list[list[str]], decoded: Any) -> dict[str, Any]:
+    """BFCL's multi-turn verdict: `multi_turn_checker` replays the model's calls and the ground
+    truth turn by turn on fresh instances of the entry's API classes and compares state and
+    responses. `decoded`: per user turn, per model step, the step's call strings (BFCL's decoded
+    format); a list of another length is BFCL's "force-terminated" failure."""
+    checkers()  # the registry stand-in, if needed
+    import uuid
+
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    if not isinstance(decoded, list) or len(decoded) != len(ground_truth):
+        return {"valid": False, "error_type": "multi_turn:force_terminated",
+                "error_message": f"{len(decoded) if isinstance(decoded, list) else 'no'} turns answered of "
+                                 f"{len(ground_truth)}"}
+    # BFCL keeps each (model, entry)'s API instances in its module's globals across calls: a name of
+    # our own per grading keeps gradings apart, and its instances are dropped afterwards
+    model = f"toolgym_{uuid.uuid4().hex}"
+    category = entry["id"].rsplit("_", 1)[0]
+    try:
+        return multi_turn_checker(decoded, ground_truth, dict(entry), category, model)
+    finally:
+        for name in [n for n in vars(multi_turn_utils) if n.startswith(model)]:
+            del vars(multi_turn_utils)[name]
+
+
+def _score_multi_turn(task: Task, answer: str) -> float:
+    """The `bfcl-multi-turn` scorer: 1.0 when BFCL's multi-turn checker accepts the episode."""
+    args = task.hidden.scorer_args
+    try:
+        decoded = json.loads(answer)
+    except json.JSONDecodeError:
+        decoded = None
+    return 1.0 if multi_turn_verdict(args["entry"], args["ground_truth"], decoded)["valid"] else 0.0
+
+
+register_scorer("bfcl-multi-turn", _score_multi_turn)
+
+__all__ = ["MODEL_NAME", "bfcl_verdict", "call_string", "checkers", "multi_turn_verdict"]
