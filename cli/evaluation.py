@@ -24,6 +24,11 @@ def _print_report(report) -> None:
     console.print(f"  episodes {o.episodes}; format-error rate {r['format_error']:.2f}, truncated "
                   f"{r.get('truncated', 0):.2f}, timeout {r['timeout']:.2f}, infra-error {r['infra_error']:.2f}; "
                   f"safety events/episode {o.safety_event_rate:.2f}; tool calls/episode {o.mean_tool_calls:.1f}")
+    if len(report.by_family) > 1:  # e.g. BFCL's categories: accuracy per category, as the leaderboard reports it
+        for family, g in report.by_family.items():
+            est = g.pass_at.get("1")
+            if est is not None and est.tasks:
+                console.print(f"  {family}: accuracy {est.value:.3f} [{est.low:.3f}, {est.high:.3f}] ({g.episodes} episodes)")
     if o.limits_hit:
         console.print("  limits hit: " + ", ".join(f"{k} {v}" for k, v in sorted(o.limits_hit.items())))
     for label, est in (("best-of-n (most confident sample)", o.best_of_n), ("majority vote", o.majority_vote)):
