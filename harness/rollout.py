@@ -230,6 +230,10 @@ class RolloutRunner:
         with Progress(*columns, disable=not self.progress, transient=False) as bar:
             bar_id = bar.add_task(label, total=len(jobs), passed=0)
             passed = [0]
+            # not a terminal (a log file, CI): a plain line every tenth of the work or 30 s instead
+            plain = self.progress and not bar.console.is_terminal
+            started, last = time.perf_counter(), [time.perf_counter()]
+            done = [0]
 
             async def one(i: int, job: tuple) -> None:
                 env_id = job[0].env_id
@@ -241,6 +245,11 @@ class RolloutRunner:
                         self.release(env_id, env)
                 passed[0] += int(getattr(results[i], "outcome", None) == Outcome.PASSED)
                 bar.update(bar_id, advance=1, passed=passed[0])
+                done[0] += 1
+                now = time.perf_counter()
+                if plain and (done[0] % max(1, len(jobs) // 10) == 0 or now - last[0] > 30 or done[0] == len(jobs)):
+                    last[0] = now
+                    print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s", flush=True)
 
             await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs)))
         return results
