@@ -8,11 +8,11 @@ import json
 import pytest
 
 import toolgym
-from toolgym.envs.families.bfcl import CATEGORIES, SKIPPED, split_of, tool_schema
+from toolgym.envs.families.bfcl import tool_schema
 from toolgym.harness import FixedAgent, OracleAgent, RolloutRunner
 from toolgym.tasks import ToolCall, builtin_suite
 from toolgym.verifiers import Outcome
-from toolgym.verifiers.bfcl import MODEL_NAME, checkers
+from toolgym.tasks.bfcl import CATEGORIES, MODEL_NAME, SKIPPED, checkers, split_of
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +179,7 @@ def _as_string(name, args):
 def _multi_variants(task):
     """(label, steps for the environment, decoded strings for BFCL) for right and wrong episodes."""
     gt = task.hidden.scorer_args["ground_truth"]
-    from toolgym.envs.families.bfcl_multi import instances, methods, parse_ground_truth
+    from toolgym.tasks.bfcl_multi import instances, methods, parse_ground_truth
 
     table = methods(instances(task.hidden.scorer_args["entry"]))
     turns = [[(c.name, dict(c.arguments)) for c in (parse_ground_truth(s, table) for s in turn)] for turn in gt]

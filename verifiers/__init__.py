@@ -3,7 +3,7 @@
 May import `toolgym.tasks` and `toolgym.sandbox` only.
 """
 
-from toolgym.verifiers import bfcl as _bfcl  # noqa: F401 (registers the bfcl-ast scorer)
+from toolgym.verifiers import bfcl as _bfcl  # noqa: F401 (registers the bfcl-ast and bfcl-multi-turn scorers)
 from toolgym.verifiers.answer import AnswerVerifier
 from toolgym.verifiers.hidden_tests import HiddenTestVerifier, parse_junit
 from toolgym.verifiers.package_tests import PackageTestVerifier

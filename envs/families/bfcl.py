@@ -1,52 +1,23 @@
-"""`bfcl`: the Berkeley Function Calling Leaderboard's single-turn categories, graded by BFCL.
+"""`bfcl`: the Berkeley Function Calling Leaderboard's single-turn categories as an environment.
 
-Data and checkers come from the `bfcl-eval` package (install it with `--no-deps`). Each entry of
-`simple_python`, `multiple`, `parallel`, `parallel_multiple` and `irrelevance` (1,240 in all) is a
-task: its functions are the tools offered (BFCL's schema converted to JSON schema type by type,
-names with dots kept), the episode is one model turn, and the verdict is BFCL's own AST checker
-on the calls parsed from that turn (`verifiers/bfcl.py`); for `irrelevance`, making no call passes.
-The calls are data: nothing the model wrote is executed.
-
-Train and held-out: a deterministic split of ids within each category (a quarter held out, by a
-hash of the id), recorded on every task. The oracle is BFCL's ground truth (the first acceptable
-value of every parameter), checked against BFCL's checker when the suite loads: an entry whose
-ground truth the checker itself rejects is left out and counted (`bfcl.SKIPPED`).
+Each entry of `simple_python`, `multiple`, `parallel`, `parallel_multiple` and `irrelevance` (the
+tasks: `toolgym.tasks.bfcl`) is an episode: its functions are the tools offered (BFCL's schema
+converted to JSON schema by BFCL's own type table, names with dots kept), the episode is one model
+turn, and the verdict is BFCL's own AST checker on the calls parsed from that turn
+(`verifiers/bfcl.py`); for `irrelevance`, making no call passes. The calls are data: nothing the
+model wrote is executed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from functools import lru_cache
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.parsing import ERROR_CLASSES, coerce_action
 from toolgym.envs.registry import register_env
-from toolgym.tasks import HELDOUT, TRAIN, HiddenSpec, SuiteSpec, Task, TaskLoadError, TaskSuite, ToolCall, register_suite
-
-SUITE = "bfcl"
-VERSION = "4"
-CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
-#: One id in this many is held out (by a hash of the id, per category).
-HELDOUT_EVERY = 4
-#: Entries left out at load because BFCL's checker rejects their own ground truth, by category.
-SKIPPED: dict[str, int] = {}
-_UNSET = object()
-
-
-def data_dir() -> Path:
-    """`bfcl_eval/data` of the installed `bfcl-eval` (a `TaskLoadError` saying how to install it)."""
-    try:
-        import bfcl_eval
-    except ImportError:
-        raise TaskLoadError("the bfcl suite needs the bfcl-eval package: pip install --no-deps bfcl-eval") from None
-    return Path(bfcl_eval.__file__).parent / "data"
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from toolgym.tasks import TRAIN, SuiteSpec, Task, TaskLoadError, register_suite
+from toolgym.tasks.bfcl import SUITE, VERSION, load_bfcl
 
 
 def openapi_schema(bfcl_type: dict[str, Any]) -> dict[str, Any]:
@@ -71,79 +42,6 @@ def tool_schema(function: dict[str, Any]) -> dict[str, Any]:
                                              "parameters": params}}
 
 
-def _concrete(value: Any) -> Any:
-    """A value built from BFCL possible answers: in a dict, each key's list of options gives its
-    first acceptable one (keys whose options start with "" are optional and left out)."""
-    if isinstance(value, dict):
-        out = {}
-        for key, options in value.items():
-            choice = _first(options)
-            if choice is not _UNSET:
-                out[key] = choice
-        return out
-    if isinstance(value, list):
-        return [_concrete(v) for v in value]
-    return value
-
-
-def _first(options: Any) -> Any:
-    """The first acceptable value of a parameter's options ("" means optional: may be left out)."""
-    if not isinstance(options, list):
-        return _concrete(options)
-    for option in options:
-        if option != "":
-            return _concrete(option)
-    return _UNSET
-
-
-def oracle_calls(ground_truth: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """BFCL's ground truth as one concrete call per entry: [{name: {argument: value}}]."""
-    return [{name: _concrete(args)} for entry in ground_truth for name, args in entry.items()]
-
-
-def split_of(bfcl_id: str) -> str:
-    """Held-out for one id in HELDOUT_EVERY, by a hash of the id (the same on every machine)."""
-    digest = int.from_bytes(hashlib.sha256(bfcl_id.encode()).digest()[:8], "little")
-    return HELDOUT if digest % HELDOUT_EVERY == 0 else TRAIN
-
-
-def _instruction(question: list[list[dict[str, Any]]]) -> str:
-    """The single turn's messages as the task's instruction (a system message first, if any)."""
-    return "\n\n".join(str(m.get("content", "")) for m in question[0])
-
-
-def category_tasks(category: str) -> list[Task]:
-    """Every entry of one BFCL category as a Task (entries whose ground truth BFCL rejects left out)."""
-    from toolgym.verifiers.bfcl import bfcl_verdict
-
-    root = data_dir()
-    entries = _read(root / f"BFCL_v4_{category}.json")
-    answers = {} if category == "irrelevance" else {
-        a["id"]: a["ground_truth"] for a in _read(root / "possible_answer" / f"BFCL_v4_{category}.json")}
-    tasks, skipped = [], 0
-    for entry in entries:
-        truth = answers.get(entry["id"], [])
-        calls = oracle_calls(truth)
-        if category != "irrelevance" and not bfcl_verdict(category, entry["function"], truth, calls)["valid"]:
-            skipped += 1
-            continue
-        oracle = tuple(ToolCall(name=name, arguments=args) for call in calls for name, args in call.items())
-        tasks.append(Task(
-            env_id="toolgym/bfcl-v0", instruction=_instruction(entry["question"]), family=category,
-            split=split_of(entry["id"]),
-            hidden=HiddenSpec(kind="score", scorer="bfcl-ast", scorer_args={
-                "category": category, "functions": entry["function"], "ground_truth": truth, "bfcl_id": entry["id"]}),
-            oracle=oracle, metadata={"bfcl_id": entry["id"], "oracle_turns": "one"}))
-    SKIPPED[category] = skipped
-    return tasks
-
-
-@lru_cache(maxsize=1)
-def load_bfcl() -> TaskSuite:
-    """The five single-turn categories, train and held-out."""
-    return TaskSuite(SUITE, [t for category in CATEGORIES for t in category_tasks(category)], VERSION)
-
-
 def _not_generated(seed: int, index: int, split: str = TRAIN):
     raise TaskLoadError(f"{SUITE} is loaded from bfcl-eval's data, not generated: use builtin_suite({SUITE!r})")
 
@@ -159,6 +57,8 @@ class BFCLEnv(ToolEnv):
 
     default_suite = SUITE
     max_turns = 1
+    #: (task, final state) -> reward; wired to the verifiers at the package root (envs do not import them)
+    default_grader: ClassVar[Callable[..., float] | None] = None
 
     def load_task(self, task: Task) -> None:
         """The entry's function documents become this episode's tools."""
@@ -182,11 +82,11 @@ class BFCLEnv(ToolEnv):
         return task.family == "irrelevance"
 
     def grade(self) -> float:
-        """BFCL's verdict on the submitted calls."""
-        from toolgym.verifiers import FinalState, verifier_for
-
-        assert self.task is not None
-        return verifier_for(self.task).verify(self.task, FinalState(answer=self.submitted)).reward
+        """BFCL's verdict on the submitted calls (through the wired grader)."""
+        grader = type(self).default_grader
+        if grader is None or self.task is None:
+            return 0.0
+        return float(grader(self.task, self.final_state()))
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Record the turn's calls (nothing runs: calls are data), end the episode, grade it."""
