@@ -92,6 +92,25 @@ def daemon_call(fn, *args, **kwargs):
             raise SandboxInfraError(f"docker daemon call failed: {type(err).__name__}: {err}") from None
 
 
+def remove_container(remove, *args) -> bool:
+    """`remove(*args, force=True)` until the container is gone; True once it is. The daemon can
+    refuse a forced removal while the container is still stopping ("could not kill running
+    container ... is not running", seen on a loaded machine) and then leaves it marked "Removal In
+    Progress" for good: a later attempt finishes it, so refusals are retried with a backoff."""
+    import docker
+
+    for attempt in range(6):
+        try:
+            with _DAEMON_CALLS:
+                remove(*args, force=True)
+            return True
+        except docker.errors.NotFound:
+            return True
+        except (docker.errors.DockerException, OSError):
+            time.sleep(0.2 * 2 ** attempt)
+    return False
+
+
 def reap(c=None) -> int:
     """Remove toolgym containers (and their host dirs) whose owning process is gone."""
     c = c or client()
@@ -106,11 +125,7 @@ def reap(c=None) -> int:
                  and process_start(pid) == labels.get("toolgym.start", ""))  # pids get reused
         if alive:
             continue
-        try:
-            daemon_call(c.api.remove_container, info["Id"], force=True)
-            removed += 1
-        except Exception:  # already gone
-            pass
+        removed += int(remove_container(c.api.remove_container, info["Id"]))
         state = labels.get("toolgym.state")
         if state and state.startswith(tempfile.gettempdir()) and "toolgym-docker-" in state:
             fs.remove_tree(state)
@@ -307,10 +322,7 @@ class _Remover:
         while True:
             slot = self.q.get()
             slot.release()
-            try:
-                daemon_call(slot.container.remove, force=True)
-            except Exception:
-                pass
+            remove_container(slot.container.remove)
             fs.remove_tree(slot.state)
             self.q.task_done()
 

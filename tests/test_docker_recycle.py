@@ -82,3 +82,25 @@ def test_a_full_pool_starts_no_container_it_would_throw_away(monkeypatch):
     finally:
         warm.close()
         remover().drain()
+
+
+def test_a_refused_removal_is_retried_until_the_container_is_gone():
+    """The daemon can refuse a forced removal while a container is still stopping and then leave it
+    "Removal In Progress" for good (seen under load): removal is tried again until it succeeds."""
+    import docker
+
+    from toolgym.sandbox.docker_pool import remove_container
+
+    calls = []
+
+    def flaky_remove(*args, force):
+        calls.append(force)
+        if len(calls) < 3:
+            raise docker.errors.APIError("Could not kill running container x, cannot remove - Container x is not running")
+
+    assert remove_container(flaky_remove) and calls == [True, True, True]
+
+    def gone(*args, force):
+        raise docker.errors.NotFound("no such container")
+
+    assert remove_container(gone)
