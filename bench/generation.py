@@ -95,6 +95,7 @@ def best_rate(fn, repeats: int) -> dict:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log file too, line by line
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--batch", type=int, default=32)

@@ -153,6 +153,7 @@ def neighbour() -> None:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log file too, line by line
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resets", type=int, default=1000, help="resets per backend, over all sandboxes")
     parser.add_argument("--sandboxes", type=int, default=8)

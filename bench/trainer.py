@@ -68,6 +68,7 @@ def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str 
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log file too, line by line
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
