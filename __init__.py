@@ -9,15 +9,14 @@ Subpackages (data flows down this list): `tasks`, `sandbox` -> `envs`, `verifier
 """
 
 from toolgym.envs import InfraError, SandboxEnv, ToolEnv, ToolError, make, register_env, registered, tool
-from toolgym.envs.families.bfcl import BFCLEnv
-from toolgym.envs.families.bfcl_multi import BFCLMultiTurnEnv
+from toolgym.envs.families.bfcl import BFCLGraded
 from toolgym.tasks import Task, TaskSuite, ToolCall
 from toolgym.verifiers import grade_final_state
 
 # The package root wires the layers together: sandboxed environments grade with the real
 # verifiers (envs may not import verifiers themselves).
 SandboxEnv.default_grader = staticmethod(grade_final_state)
-BFCLEnv.default_grader = BFCLMultiTurnEnv.default_grader = staticmethod(grade_final_state)
+BFCLGraded.default_grader = staticmethod(grade_final_state)
 
 __version__ = "0.1.0"
 __all__ = ["InfraError", "SandboxEnv", "Task", "TaskSuite", "ToolCall", "ToolEnv", "ToolError", "make", "register_env", "registered", "tool"]

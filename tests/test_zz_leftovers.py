@@ -38,20 +38,21 @@ def _our_containers() -> list[str]:
 
 
 def _our_processes() -> list[str]:
-    """bwrap/wrapper processes in a cgroup this run made, or whose parent is one of this run's."""
-    procs = subprocess.run(["pgrep", "-af", "bwrap|toolgym-wrapper"], capture_output=True, text=True).stdout
+    """Processes in a sandbox cgroup this run made, and bwrap processes whose parent is one of
+    this run's (a sandbox without a cgroup): the sandboxes' own processes, found by their cgroup
+    and parentage in /proc, never by name across the machine."""
     out = []
-    for line in procs.splitlines():
-        pid = int(line.split()[0])
-        if "pgrep" in line:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
             continue
         try:
-            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cgroup = (entry / "cgroup").read_text()
+            comm = (entry / "comm").read_text().strip()
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError):
             continue  # gone meanwhile
-        if _ours(cgroup) or parent in RUN_PIDS or pid in RUN_PIDS:
-            out.append(line)
+        if _ours(cgroup) or (comm == "bwrap" and parent in RUN_PIDS):
+            out.append(f"{entry.name} {comm}")
     return out
 
 

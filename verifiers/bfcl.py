@@ -16,13 +16,18 @@ from toolgym.tasks.bfcl import bfcl_verdict, multi_turn_verdict
 from toolgym.verifiers.score import register_scorer
 
 
+def _submitted(answer: str):
+    """The submitted JSON, or None where it is not JSON (BFCL's checkers then fail it)."""
+    try:
+        return json.loads(answer)
+    except json.JSONDecodeError:
+        return None
+
+
 def _score(task: Task, answer: str) -> float:
     """The `bfcl-ast` scorer: 1.0 when BFCL's checker accepts the submitted calls, else 0.0."""
     args = task.hidden.scorer_args
-    try:
-        submitted = json.loads(answer)
-    except json.JSONDecodeError:
-        submitted = None
+    submitted = _submitted(answer)
     calls = None if isinstance(submitted, dict) and submitted.get("undecodable") else submitted
     verdict = bfcl_verdict(args["category"], args["functions"], args.get("ground_truth", []), calls)
     return 1.0 if verdict["valid"] else 0.0
@@ -31,15 +36,10 @@ def _score(task: Task, answer: str) -> float:
 register_scorer("bfcl-ast", _score)
 
 
-
 def _score_multi_turn(task: Task, answer: str) -> float:
     """The `bfcl-multi-turn` scorer: 1.0 when BFCL's multi-turn checker accepts the episode."""
     args = task.hidden.scorer_args
-    try:
-        decoded = json.loads(answer)
-    except json.JSONDecodeError:
-        decoded = None
-    return 1.0 if multi_turn_verdict(args["entry"], args["ground_truth"], decoded)["valid"] else 0.0
+    return 1.0 if multi_turn_verdict(args["entry"], args["ground_truth"], _submitted(answer))["valid"] else 0.0
 
 
 register_scorer("bfcl-multi-turn", _score_multi_turn)

@@ -42,23 +42,44 @@ def tool_schema(function: dict[str, Any]) -> dict[str, Any]:
                                              "parameters": params}}
 
 
-def _not_generated(seed: int, index: int, split: str = TRAIN):
-    raise TaskLoadError(f"{SUITE} is loaded from bfcl-eval's data, not generated: use builtin_suite({SUITE!r})")
+def register_loaded_suite(name: str, version: str, loader: Callable[[], Any], description: str) -> None:
+    """Register a suite loaded from BFCL's data (it has no generator: asking for one says so)."""
+    def not_generated(seed: int, index: int, split: str = TRAIN):
+        raise TaskLoadError(f"{name} is loaded from bfcl-eval's data, not generated: use builtin_suite({name!r})")
+
+    register_suite(SuiteSpec(name=name, generator=not_generated, train_size=0, heldout_size=0, version=version,
+                             loader=loader, description=description))
 
 
-register_suite(SuiteSpec(name=SUITE, generator=_not_generated, train_size=0, heldout_size=0, version=VERSION,
-                         loader=load_bfcl, description="BFCL single-turn function calling (simple, multiple, "
-                         "parallel, parallel_multiple, irrelevance), graded by BFCL's own AST checker"))
+register_loaded_suite(SUITE, VERSION, load_bfcl, "BFCL single-turn function calling (simple, multiple, parallel, "
+                      "parallel_multiple, irrelevance), graded by BFCL's own AST checker")
+
+
+class BFCLGraded(ToolEnv):
+    """What BFCL's environments share: the submitted calls are the final state, and the verdict
+    comes from a grader the package root wires to BFCL's checkers (envs do not import verifiers)."""
+
+    #: (task, final state) -> reward
+    default_grader: ClassVar[Callable[..., float] | None] = None
+
+    def grade(self) -> float:
+        """BFCL's verdict on what was submitted (0.0 with no grader wired)."""
+        grader = type(self).default_grader
+        if grader is None or self.task is None:
+            return 0.0
+        return float(grader(self.task, self.final_state()))
+
+    def final_state(self) -> dict[str, Any]:
+        """The submitted calls (JSON), which BFCL's checker grades."""
+        return {"answer": self.submitted if self.submitted is not None else "[]"}
 
 
 @register_env("bfcl-v0", suite=SUITE)
-class BFCLEnv(ToolEnv):
+class BFCLEnv(BFCLGraded):
     """One BFCL entry: the task's functions are the tools; one turn of calls, graded by BFCL."""
 
     default_suite = SUITE
     max_turns = 1
-    #: (task, final state) -> reward; wired to the verifiers at the package root (envs do not import them)
-    default_grader: ClassVar[Callable[..., float] | None] = None
 
     def load_task(self, task: Task) -> None:
         """The entry's function documents become this episode's tools."""
@@ -81,12 +102,6 @@ class BFCLEnv(ToolEnv):
         """Irrelevance entries: making no call is the right answer."""
         return task.family == "irrelevance"
 
-    def grade(self) -> float:
-        """BFCL's verdict on the submitted calls (through the wired grader)."""
-        grader = type(self).default_grader
-        if grader is None or self.task is None:
-            return 0.0
-        return float(grader(self.task, self.final_state()))
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Record the turn's calls (nothing runs: calls are data), end the episode, grade it."""
@@ -108,7 +123,3 @@ class BFCLEnv(ToolEnv):
                 "errors": {k: self.error_counts.get(k, 0) for k in ERROR_CLASSES}, "tool_calls": self.tool_call_count, "submitted": self.submitted}
         self.transcript.append(("action", action if isinstance(action, str) else json.dumps(action, default=str)))
         return "", reward, True, False, info
-
-    def final_state(self) -> dict[str, Any]:
-        """The submitted calls (JSON), which BFCL's checker grades."""
-        return {"answer": self.submitted if self.submitted is not None else "[]"}

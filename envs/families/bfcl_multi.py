@@ -15,13 +15,12 @@ against the ground truth in BFCL's own `multi_turn_checker` (`verifiers/bfcl.py`
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, ClassVar
+from typing import Any
 
-from toolgym.envs.core import ToolEnv
-from toolgym.envs.families.bfcl import tool_schema
+from toolgym.envs.families.bfcl import BFCLGraded, register_loaded_suite, tool_schema
 from toolgym.envs.parsing import ERROR_CLASSES, coerce_action
 from toolgym.envs.registry import register_env
-from toolgym.tasks import TRAIN, SuiteSpec, Task, TaskLoadError, ToolCall, register_suite
+from toolgym.tasks import Task, ToolCall
 from toolgym.tasks.bfcl import call_string
 from toolgym.tasks.bfcl_multi import SUITE, VERSION, instances, load_bfcl_multi, methods
 
@@ -41,23 +40,16 @@ def result_text(value: Any) -> str:
     return str(value)
 
 
-def _not_generated(seed: int, index: int, split: str = TRAIN):
-    raise TaskLoadError(f"{SUITE} is loaded from bfcl-eval's data, not generated: use builtin_suite({SUITE!r})")
-
-
-register_suite(SuiteSpec(name=SUITE, generator=_not_generated, train_size=0, heldout_size=0, version=VERSION,
-                         loader=load_bfcl_multi, description="BFCL multi-turn (base, miss_func, miss_param) on "
-                         "BFCL's stateful API classes, graded by BFCL's multi-turn checker"))
+register_loaded_suite(SUITE, VERSION, load_bfcl_multi, "BFCL multi-turn (base, miss_func, miss_param) on BFCL's "
+                      "stateful API classes, graded by BFCL's multi-turn checker")
 
 
 @register_env("bfcl-multi-v0", suite=SUITE)
-class BFCLMultiTurnEnv(ToolEnv):
+class BFCLMultiTurnEnv(BFCLGraded):
     """A BFCL multi-turn conversation over stateful APIs; graded by BFCL's multi-turn checker."""
 
     default_suite = SUITE
     max_turns = 80
-    #: (task, final state) -> reward; wired to the verifiers at the package root (envs do not import them)
-    default_grader: ClassVar[Callable[..., float] | None] = None
 
     def load_task(self, task: Task) -> None:
         """Fresh API instances from the entry's initial configuration; the tools it offers now."""
@@ -157,14 +149,3 @@ class BFCLMultiTurnEnv(ToolEnv):
             return call_string(call.name, dict(call.arguments))
         except ValueError:
             return "invalid_call()"
-
-    def grade(self) -> float:
-        """BFCL's multi-turn verdict on the episode (through the wired grader)."""
-        grader = type(self).default_grader
-        if grader is None or self.task is None:
-            return 0.0
-        return float(grader(self.task, self.final_state()))
-
-    def final_state(self) -> dict[str, Any]:
-        """Per user turn, per model step, the step's calls as BFCL's checker reads them."""
-        return {"answer": self.submitted if self.submitted is not None else "[]"}
