@@ -243,11 +243,9 @@ def mismatch_stats(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: t
 
 
 def logprob_gap(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Mean and max |logp_train - logp_rollout| over policy tokens: the train/inference mismatch."""
-    gap = (train_logp.detach() - rollout_logp).abs()[mask.bool()]
-    if gap.numel() == 0:
-        return {"logprob_gap_mean": 0.0, "logprob_gap_max": 0.0}
-    return {"logprob_gap_mean": float(gap.mean()), "logprob_gap_max": float(gap.max())}
+    """Mean and max |logp_train - logp_rollout| over policy tokens (see `mismatch_stats`)."""
+    stats = mismatch_stats(train_logp, rollout_logp, mask)
+    return {"logprob_gap_mean": stats["logprob_gap_mean"], "logprob_gap_max": stats["logprob_gap_max"]}
 
 
 __all__ = ["ADVANTAGES", "AGGREGATIONS", "POLICY_LOSSES", "aggregate", "broadcast", "cispo_loss", "drgrpo_advantages",
