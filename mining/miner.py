@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import yaml
 
+from toolgym.mining.differential import build_cases
 from toolgym.mining.mutate import Mutant, mutants
 from toolgym.mining.project import MiningError, Project, build_site_layer, fetch_sdist, load_project
 from toolgym.mining.pytest_run import run_tests, runner_files
@@ -237,7 +238,7 @@ class ProjectMiner:
         covering = self.covering.get(f"{m.path}::{m.function}", set())
         by_file = Counter(nid.split("::")[0] for nid in f2p)
         files = [f for f, _ in by_file.most_common(self.o.files_max)]
-        runs, copies = [], {}
+        runs, copies, graded_f2p = [], {}, []
         box.write_file(m.path, self.p.files[m.path])  # observe the grading copies on the pristine tree
         for fi, path in enumerate(files):
             f2p_here = [n for n in f2p if n.startswith(path + "::")]
@@ -267,17 +268,23 @@ class ProjectMiner:
             copy_text, test_run = run
             copies[path] = copy_text
             runs.append(test_run)
+            graded_f2p += f2p_here
         if not runs or not any(r.fail_to_pass for r in runs):
             return "no sentinel possible (grading copy)"
         workspace = dict(self.p.files)
         workspace[m.path] = m.text
-        withheld = self._withhold(rng, f2p, runs)
+        withheld = self._withhold(rng, graded_f2p)
+        targets = sorted({nid.split("[")[0] for nid in covering})
+        cases = build_cases(box, self.p.import_root, m.path, m.function, self.p.files[m.path], m.text, targets,
+                            withheld, rng, max(30.0, 4 * sum(self.passing[n]["duration"] for n in covering) + 10))
+        if isinstance(cases, str):
+            return cases
         for path, names in withheld.items():
             workspace[path] = without_tests(workspace[path], set(names))
         shown = [n for n in f2p if base_name(n) not in withheld.get(n.split("::")[0], ())]
         return Task(env_id=ENV_ID, instruction=_instruction(self.p, shown, records), family=f"swe-pypi/{m.operator}",
                     difficulty=_difficulty(len(f2p), m.function_lines), split=self.split, workspace=workspace,
-                    hidden=HiddenSpec(kind="package-tests", files=copies, runs=tuple(runs),
+                    hidden=HiddenSpec(kind="package-tests", files=copies, runs=tuple(runs), differential=cases,
                                       protected=_protected(self.p), timeout_s=120),
                     oracle=(ToolCall(name="write_file", arguments={"path": m.path, "content": self.p.files[m.path]}),
                             ToolCall(name="submit", arguments={})),
@@ -285,14 +292,16 @@ class ProjectMiner:
                     metadata={"package": self.p.name, "version": self.p.version, "license": self.p.license,
                               "operator": m.operator, "file": m.path, "function": m.function, "line": m.line,
                               "fail_to_pass": len(f2p), "mutant_index": index,
+                              "differential": {"cases": len(cases), "distinguishing": sum(c.distinguishes for c in cases),
+                                               "unseen_distinguishing": sum(c.distinguishes and c.origin != "visible"
+                                                                            for c in cases)},
                               "withheld_tests": {p: sorted(n) for p, n in withheld.items()}})
 
-    def _withhold(self, rng: np.random.Generator, f2p: list[str], runs: list[TestRun]) -> dict[str, list[str]]:
-        """One broken test function the workspace does not show, when at least two broke (in a
-        file that is graded): a fix that special-cases the visible failures still fails it."""
-        graded = {r.file for r in runs}
-        names = sorted({(n.split("::")[0], base_name(n)) for n in f2p
-                        if n.split("::")[0] in graded})
+    def _withhold(self, rng: np.random.Generator, graded_f2p: list[str]) -> dict[str, list[str]]:
+        """One broken test function the workspace does not show, when at least two broke among
+        the tests the grading copies keep (a withheld test is always graded): a fix that
+        special-cases the visible failures still fails it."""
+        names = sorted({(n.split("::")[0], base_name(n)) for n in graded_f2p})
         if len(names) < 2:
             return {}
         path, name = names[int(rng.integers(0, len(names)))]

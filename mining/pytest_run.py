@@ -36,6 +36,11 @@ def runner_files(import_root: str, test_dirs: list[str]) -> dict[str, str]:
             f"{MINE_DIR}/tests.txt": ":".join(test_dirs)}
 
 
+def _pytest_command(targets: list[str]) -> str:
+    return (f"python3 -I -B {MINE_DIR}/run.py -c {MINE_DIR}/pytest.ini --rootdir /workspace -p no:cacheprovider -q "
+            "--no-header -rN " + " ".join(shlex.quote(t) for t in targets))
+
+
 @dataclass
 class RunResult:
     """Per-test outcomes of one pytest run: nodeid -> {outcome, duration, message, covers}."""
@@ -59,8 +64,7 @@ def run_tests(box: Sandbox, import_root: str, targets: list[str], timeout_s: flo
     if cover:
         env["TOOLGYM_MINE_COVER"] = "/workspace" if import_root == "." else f"/workspace/{import_root}"
         env["TOOLGYM_MINE_TESTS"] = ":".join(test_dirs)
-    cmd = (f"python3 -I -B {MINE_DIR}/run.py -c {MINE_DIR}/pytest.ini --rootdir /workspace -p no:cacheprovider -q "
-           "--no-header -rN " + " ".join(shlex.quote(t) for t in targets))
+    cmd = _pytest_command(targets)
     res = box.exec(cmd, timeout_s=timeout_s, env=env)
     result = RunResult(timed_out=res.timed_out, exit_code=res.exit_code, duration_s=res.duration_s,
                        stderr=(res.stderr or res.stdout)[-2000:])
@@ -75,3 +79,25 @@ def run_tests(box: Sandbox, import_root: str, targets: list[str], timeout_s: flo
             continue
         result.records[rec["nodeid"]] = rec
     return result
+
+
+def capture_calls(box: Sandbox, targets: list[str], function: str, timeout_s: float) -> list[dict]:
+    """Every distinct call of `function` ("relpath::qualname") made by the tests `targets`, run
+    on the tree now in `box`: [{"test", "args": [kind, text]}] (see the plugin)."""
+    out = f"{MINE_DIR}/calls-{secrets.token_hex(4)}.jsonl"
+    env = dict(TEST_ENV, TOOLGYM_MINE_CALLS=function, TOOLGYM_MINE_CALLS_OUT=f"/workspace/{out}",
+               TOOLGYM_MINE_PYC=f"/tmp/.toolgym-pyc-{secrets.token_hex(4)}")
+    box.exec(_pytest_command(targets), timeout_s=timeout_s, env=env)
+    try:
+        text = box.read_host_bytes(out).decode("utf-8", errors="replace")
+    except SandboxError:
+        return []
+    finally:
+        box.exec(f"rm -f {out}")
+    calls = []
+    for line in text.splitlines():
+        try:
+            calls.append(json.loads(line))
+        except ValueError:
+            continue
+    return calls

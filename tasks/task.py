@@ -66,6 +66,26 @@ class TestRun(BaseModel):
     fail_to_pass: tuple[str, ...] = ()
 
 
+class DifferentialCase(BaseModel):
+    """One differential check of a `package-tests` task: a call of the mutated function on one
+    input, and what the pristine function did on it (see `verifiers/differential.py`).
+
+    `code` (inputs only) runs in a probe process in the agent's graded workspace and binds
+    `result`; `expected` is the pristine record's text, compared host-side as data. `origin`
+    says where the input came from: a test the agent sees (`visible`), the withheld test
+    (`withheld`), or generated from a recorded input (`generated`). `distinguishes` is True when
+    the unfixed code does something else on it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    code: str
+    expected: str
+    origin: Literal["visible", "withheld", "generated"] = "visible"
+    distinguishes: bool = False
+
+
 class HiddenSpec(BaseModel):
     """What the verifier uses and the agent never sees.
 
@@ -76,8 +96,9 @@ class HiddenSpec(BaseModel):
         clean sandbox. Agent code never runs in the process or filesystem that decides results.
       - ``state``: `files` hold a checker script run against the final workspace.
       - ``package-tests``: a real project's own tests, which must import the agent's code; `runs`
-        say which grading copies (in `files`) run, one process each, and which results to expect
-        (see `verifiers/package_tests.py` for what this grading does and does not stop).
+        say which grading copies (in `files`) run, one process each, and which results to expect;
+        `differential` cases compare the agent's function with the pristine one outside the test
+        process (see `verifiers/package_tests.py` for what this grading does and does not stop).
       - ``score``: the registered scoring function `scorer` (e.g. ``reasoning-gym``) scores the
         submitted answer in [0, 1] with `answer` and `scorer_args` (passed only at 1.0).
     """
@@ -102,6 +123,8 @@ class HiddenSpec(BaseModel):
     scorer_args: dict[str, Any] = Field(default_factory=dict)
     #: `package-tests` tasks only: one grading process per entry.
     runs: tuple[TestRun, ...] = ()
+    #: `package-tests` tasks only: differential checks, all of which must pass as well.
+    differential: tuple[DifferentialCase, ...] = ()
 
 
 class Task(BaseModel):

@@ -52,8 +52,13 @@ def test_oracle_passes_and_the_unfixed_workspace_fails(mined, backend):
         bad = verifier.verify(task, FinalState())
         assert bad.outcome == Outcome.FAILED and bad.reward == 0.0
         assert not bad.details["side_effects"], bad.details
-        failing = {t.name.split(".py::", 1)[1] for t in bad.tests if not t.passed}
+        failing = {t.name.split(".py::", 1)[1] for t in bad.tests if not t.passed and ".py::" in t.name}
         assert failing and failing <= {k for run in task.hidden.runs for k in run.fail_to_pass}
+        # the unfixed code differs from the pristine one exactly on the inputs mined as telling
+        differing = {t.name.split("::", 1)[1] for t in bad.tests if not t.passed and t.name.startswith("differential::")}
+        assert differing == {c.id for c in task.hidden.differential if c.distinguishes}
+        assert {t.name for t in good.tests if t.name.startswith("differential::")} == \
+            {f"differential::{c.id}" for c in task.hidden.differential}
 
 
 def test_the_instruction_reports_the_failure_not_the_diff(mined):

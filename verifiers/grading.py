@@ -52,11 +52,17 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
         pool = shared_pool(config)
     box = make_sandbox(files, config, pool=pool)
     try:
-        chmods = [f"chmod {mode & 0o7777:o} -- {shlex.quote(p)}" for p, mode in (modes or {}).items()
-                  if p not in dropped and keep.get(p, "") is not None and not _protected(p, task)]
-        if chmods:
-            box.exec(" ; ".join(chmods))
+        apply_modes(box, task, changes, modes, dropped)
     except Exception:
         box.close()
         raise
     return box, sorted(dropped)
+
+
+def apply_modes(box: Sandbox, task: Task, changes: dict[str, str | None], modes: dict[str, int] | None,
+                dropped: list[str]) -> None:
+    """Give the agent's files their permission bits (again after a `reset()`): one command."""
+    chmods = [f"chmod {mode & 0o7777:o} -- {shlex.quote(p)}" for p, mode in (modes or {}).items()
+              if p not in dropped and changes.get(p, "") is not None and not _protected(p, task)]
+    if chmods:
+        box.exec(" ; ".join(chmods))

@@ -41,8 +41,13 @@ import xml.etree.ElementTree as ET
 
 from toolgym.sandbox import SandboxConfig, SandboxError, with_site_layer
 from toolgym.tasks import Task
-from toolgym.verifiers.grading import grading_sandbox
+from toolgym.verifiers.differential import judge, probe_files
+from toolgym.verifiers.grading import apply_modes, grading_sandbox
+from toolgym.verifiers.hidden_tests import parse_probe_records
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
+
+#: Seconds all of a task's differential checks may take together (each has `PER_CASE_S`).
+DIFFERENTIAL_TIMEOUT_S = 60.0
 
 TEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
 
@@ -114,11 +119,16 @@ class PackageTestVerifier:
         names = {run.file: posixpath.join(posixpath.dirname(run.file), f"test_{secrets.token_hex(5)}.py")
                  for run in hidden.runs}
         ini = f".toolgym-grade-{secrets.token_hex(5)}/pytest.ini"
-        extra = {names[run.file]: hidden.files[run.file] for run in hidden.runs}
-        extra[ini] = pytest_ini(hidden.runs[0].pythonpath)
+        copies = {names[run.file]: hidden.files[run.file] for run in hidden.runs}
+        copies[ini] = pytest_ini(hidden.runs[0].pythonpath)
+        # The differential probe runs first, in a sandbox that holds no test at all (a grading
+        # copy's assertions would give its inputs' expected values away); the copies are written
+        # only after a reset has removed every trace of the probe.
+        probe_command, probe_files_ = probe_files(hidden.differential) if hidden.differential else ("", {})
         try:
             config = with_site_layer(self.config.model_copy(update={"canary": False}), task.data.get("site_layer"))
-            box, dropped = grading_sandbox(task, final_state.changes, config, final_state.modes, extra, self.pool)
+            box, dropped = grading_sandbox(task, final_state.changes, config, final_state.modes,
+                                           probe_files_ or copies, self.pool)
         except (SandboxError, OSError) as err:
             return self._verdict(0.0, Outcome.INFRA_ERROR, [], f"could not build the grading sandbox: {err}", start, [])
         tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped before grading"}
@@ -126,7 +136,19 @@ class PackageTestVerifier:
         tests: list[TestResult] = []
         problems: list[str] = []
         timed_out = False
+        records: dict[str, dict] = {}
         try:
+            if probe_command:
+                res = box.exec(probe_command, timeout_s=min(hidden.timeout_s, DIFFERENTIAL_TIMEOUT_S))
+                tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"}
+                           for e in box.events()]
+                records = parse_probe_records(res.stdout)
+                if res.timed_out:
+                    timed_out = True
+                    problems.append(f"the differential checks ran past {DIFFERENTIAL_TIMEOUT_S:.0f}s")
+                box.reset()
+                apply_modes(box, task, final_state.changes, final_state.modes, dropped)
+                box.write_files(copies)
             snap = box.snapshot()
             for i, run in enumerate(hidden.runs):
                 if i:
@@ -166,11 +188,25 @@ class PackageTestVerifier:
             return self._verdict(0.0, Outcome.INFRA_ERROR, tests, f"grading sandbox failed: {err}", start, tamper)
         finally:
             box.close()
+        package_ok = not problems and len(tests) > 0 and all(t.passed for t in tests)
+        checks = judge(hidden.differential, records)
+        differing = sum(not c.passed for c in checks)
+        if package_ok and differing:
+            # The tests passed in the process the agent's code controls, while that code does
+            # not behave as the pristine one outside it: the signature of forged results.
+            tamper.append({"kind": "test_tamper", "path": task.metadata.get("file", ""),
+                           "detail": f"inconsistent results: the package's tests passed, but {differing} of "
+                                     f"{len(checks)} differential checks, run outside the test process, failed"})
+        tests += checks
         passed = sum(t.passed for t in tests)
-        forged = any(e["kind"] == "test_tamper" and e["detail"].startswith("forged") for e in tamper)
-        ok = not problems and passed == len(tests) and len(tests) > 0
+        forged = any(e["kind"] == "test_tamper" and e["detail"].startswith(("forged", "inconsistent")) for e in tamper)
+        ok = package_ok and not differing
         reward = float(ok) if hidden.all_or_nothing or forged else passed / max(1, len(tests))
-        reason = f"{passed}/{len(tests)} hidden tests passed" + (f"; {'; '.join(problems)}" if problems else "")
+        reason = f"{passed}/{len(tests)} hidden tests passed"
+        if checks:
+            reason += f" ({len(checks) - differing}/{len(checks)} differential checks)"
+        if problems:
+            reason += f"; {'; '.join(problems)}"
         if dropped:
             reason += f"; dropped edits to {dropped}"
         outcome = Outcome.PASSED if ok else Outcome.TIMEOUT if timed_out and not forged else Outcome.FAILED

@@ -4,11 +4,21 @@ Runs inside the mining sandbox over trusted code (the pristine project or one of
 mutants), never at grading time. Writes one JSON line per test to `$TOOLGYM_MINE_OUT`:
 `{"nodeid", "outcome", "duration", "message", "covers"}`, where `covers` lists the functions of
 the project's source (not its tests) that the test called, as "relpath::qualname", when
-`$TOOLGYM_MINE_COVER` names the source root. Standard library only.
+`$TOOLGYM_MINE_COVER` names the source root.
+
+With `$TOOLGYM_MINE_CALLS` set to "relpath::qualname" (one function of the project's source),
+every call of that function made while a test runs is captured for differential grading: one
+JSON line per distinct call to `$TOOLGYM_MINE_CALLS_OUT`, `{"test", "args"}`, where `args` is
+["repr", text] when the positional and keyword arguments are builtin data whose `repr` reads
+back, else ["pickle", base64] when they pickle (a method's `self` included) without naming a
+test module. Standard library only.
 """
 
+import base64
 import json
 import os
+import pickle
+import pickletools
 import sys
 
 _OUT = os.environ.get("TOOLGYM_MINE_OUT")
@@ -17,6 +27,84 @@ _TESTS = tuple(p for p in os.environ.get("TOOLGYM_MINE_TESTS", "").split(":") if
 _records = {}
 _current = set()
 _cache = {}
+_CALLS = os.environ.get("TOOLGYM_MINE_CALLS", "")
+_calls = {}  # (test, kind, text) -> None, in first-seen order
+_test = [""]
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+_MAX_CALLS_PER_TEST = 64
+_MAX_ARGS_CHARS = 4000
+
+
+def _plain(value, depth=0):
+    """Builtin data of exact builtin types whose `repr` reads back as the same value."""
+    kind = type(value)
+    if depth > 20:
+        return False
+    if kind is float:
+        return value == value and value not in (float("inf"), float("-inf"))
+    if kind is complex:
+        return False
+    if kind in _PLAIN:
+        return True
+    if kind in (list, tuple):
+        return all(_plain(v, depth + 1) for v in value)
+    if kind is dict:
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _call_args(frame):
+    """(positional, keyword) arguments of the call that `frame` starts."""
+    code, values = frame.f_code, frame.f_locals
+    names = code.co_varnames
+    n, kwonly = code.co_argcount, code.co_kwonlyargcount
+    positional = [values[v] for v in names[:n]]
+    kwargs = {v: values[v] for v in names[n:n + kwonly] if v in values}
+    i = n + kwonly
+    if code.co_flags & 0x04:  # *args
+        positional += list(values[names[i]])
+        i += 1
+    if code.co_flags & 0x08:  # **kwargs
+        kwargs.update(values[names[i]])
+    return positional, kwargs
+
+
+def _names_test_module(data):
+    """True if a pickle may import from a test module (absent or different when graded). A string
+    argument that merely looks like one only costs that call its check."""
+    for _, arg, _ in pickletools.genops(data):
+        if isinstance(arg, str) and (arg.startswith(("test", "conftest")) or ".test" in arg or "tests." in arg):
+            return True
+    return False
+
+
+def _capture(frame):
+    key_count = sum(1 for k in _calls if k[0] == _test[0])
+    if key_count >= _MAX_CALLS_PER_TEST:
+        return
+    try:
+        positional, kwargs = _call_args(frame)
+        if _plain(positional) and _plain(kwargs):
+            text = repr([positional, kwargs])
+            kind = "repr"
+        else:
+            data = pickle.dumps((positional, kwargs), protocol=4)
+            if len(data) > _MAX_ARGS_CHARS or _names_test_module(data):
+                return
+            kind, text = "pickle", base64.b64encode(data).decode()
+    except Exception:  # an argument that cannot be captured: that call is not a check
+        return
+    if len(text) <= _MAX_ARGS_CHARS:
+        _calls.setdefault((_test[0], kind, text), None)
+
+
+def _call_target(frame, event, arg):
+    code = frame.f_code
+    if code.co_qualname == _CALL_NAME and code.co_filename == _CALL_FILE:
+        _capture(frame)
+
+
+_CALL_FILE, _, _CALL_NAME = ("/workspace/" + _CALLS).partition("::") if _CALLS else ("", "", "")
 
 
 def _relevant(code):
@@ -45,12 +133,15 @@ def _trace(frame, event, arg):
 
 def pytest_runtest_setup(item):
     _current.clear()
+    _test[0] = item.nodeid
     if _ROOT:
         sys.settrace(_trace)
+    elif _CALLS:
+        sys.settrace(_call_target)
 
 
 def pytest_runtest_teardown(item):
-    if _ROOT:
+    if _ROOT or _CALLS:
         sys.settrace(None)
 
 
@@ -70,6 +161,11 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    calls_out = os.environ.get("TOOLGYM_MINE_CALLS_OUT")
+    if calls_out:
+        with open(calls_out, "w") as f:
+            for test, kind, text in _calls:
+                f.write(json.dumps({"test": test, "args": [kind, text]}) + "\n")
     if _OUT:
         with open(_OUT, "w") as f:
             for rec in _records.values():

@@ -1,0 +1,141 @@
+"""Differential checks for a mined task: inputs of the mutated function and the pristine results.
+
+The miner traces every call the covering tests make into the function (on the pristine tree),
+adds generated inputs of the same types (empty, shorter, longer, negated, reversed), and calls
+the pristine function on each input three times in separate processes (a different hash seed
+each: a result that depends on it is not a check) and the mutant once. What it keeps is data:
+the input, the pristine record, where the input came from, and whether the mutant differs on it.
+Grading compares the agent's function with those records outside the test process
+(`verifiers/differential.py`).
+
+A task is kept only if some input that the agent never sees (generated, or from the withheld
+test) tells the mutant from the pristine code, so a fix that special-cases what the agent saw
+cannot pass, even together with forged test results.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import numpy as np
+
+from toolgym.mining.pytest_run import capture_calls
+from toolgym.mining.testfiles import base_name
+from toolgym.sandbox import Sandbox
+from toolgym.tasks import DifferentialCase
+from toolgym.verifiers.differential import case_code, module_name, read_value, run_cases
+
+TRACED_MAX = 32
+GENERATED_MAX = 24
+KEEP_DISTINGUISHING = 12
+KEEP_OTHERS = 8
+PRISTINE_RUNS = 3
+MAX_EXPECTED_CHARS = 20_000
+
+
+def _variants(value) -> list:
+    """Nearby values of the same type (the shapes bugs hide in: empty, boundary, longer)."""
+    kind = type(value)
+    if kind is str:
+        return ["", value[:1], value + value, value.upper(), value[::-1]]
+    if kind is bool:
+        return [not value]
+    if kind is int:
+        return [0, 1, -1, value + 1, value - 1, 2 * value, -value]
+    if kind is float:
+        return [0.0, -value, value * 2.5, value + 0.5]
+    if kind in (list, tuple):
+        return [kind(), kind(reversed(value)), value[:1], value + value]
+    return []
+
+
+def generated_inputs(inputs: list[str], rng: np.random.Generator, limit: int) -> list[str]:
+    """Up to `limit` new repr-encoded inputs, each one recorded input with one argument changed."""
+    out: dict[str, None] = {}
+    seen = set(inputs)
+    order = rng.permutation(len(inputs)) if inputs else []
+    for round_ in range(3):
+        for i in order:
+            positional, keywords = ast.literal_eval(inputs[i])
+            slots = [("p", j) for j in range(len(positional))] + [("k", k) for k in keywords]
+            if not slots:
+                continue
+            where, key = slots[int(rng.integers(0, len(slots)))]
+            options = _variants(positional[key] if where == "p" else keywords[key])
+            if not options:
+                continue
+            new = options[int(rng.integers(0, len(options)))]
+            args, kwargs = list(positional), dict(keywords)
+            if where == "p":
+                args[key] = new
+            else:
+                kwargs[key] = new
+            text = repr([args, kwargs])
+            if text not in seen and text not in out and len(text) < 4000:
+                out[text] = None
+            if len(out) >= limit:
+                return list(out)
+    return list(out)
+
+
+def build_cases(box: Sandbox, import_root: str, path: str, function: str, pristine: str, mutant: str,
+                targets: list[str], withheld: dict[str, list[str]], rng: np.random.Generator,
+                timeout_s: float) -> tuple[DifferentialCase, ...] | str:
+    """The task's differential checks, or why it cannot have any. `box` holds the pristine tree
+    (and holds it again on return); `targets` are the covering tests; `withheld` maps a test file
+    to the test functions the workspace does not show."""
+    module = module_name(path, import_root)
+    if module is None or "<locals>" in function:
+        return "no differential check (the function cannot be called from outside)"
+    calls = capture_calls(box, targets, f"{path}::{function}", timeout_s)
+    origins: dict[tuple[str, str], str] = {}
+    for call in calls:
+        file = call["test"].split("::")[0]
+        origin = "withheld" if base_name(call["test"]) in withheld.get(file, ()) else "visible"
+        key = tuple(call["args"])
+        if origins.get(key) != "visible":  # an input some visible test makes is visible
+            origins[key] = origin
+    traced = list(origins)
+    if len(traced) > TRACED_MAX:
+        traced = [traced[i] for i in sorted(rng.choice(len(traced), TRACED_MAX, replace=False))]
+    plain = [text for kind, text in traced if kind == "repr"]
+    generated = [("repr", text) for text in generated_inputs(plain, rng, GENERATED_MAX)]
+    inputs = [(key, origins[key]) for key in traced] + [(key, "generated") for key in generated]
+    if not inputs:
+        return "no differential check (no call of the function could be recorded)"
+    cases = [DifferentialCase(id=f"c{i}", code=case_code(module, function, key, import_root), expected="",
+                              origin=origin) for i, (key, origin) in enumerate(inputs)]
+    pristine_runs = [run_cases(box, cases, timeout_s) for _ in range(PRISTINE_RUNS)]
+    box.write_file(path, mutant)
+    try:
+        mutant_run = run_cases(box, cases, timeout_s)
+    finally:
+        box.write_file(path, pristine)
+    kept: list[DifferentialCase] = []
+    for case in cases:
+        records = [run.get(case.id) for run in pristine_runs]
+        texts = {json.dumps(r, sort_keys=True) for r in records}
+        if len(texts) != 1 or records[0] is None or "value" not in records[0]:
+            continue  # no result, not data, or not the same every time: not a check
+        expected = records[0]["value"]
+        ok, value = read_value(expected)
+        if not ok or len(expected) > MAX_EXPECTED_CHARS:
+            continue
+        if case.origin == "generated" and value[0][0] == "raise":
+            continue  # a generated input may lie outside the function's contract: only results count
+        got = mutant_run.get(case.id)
+        distinguishes = got is None or got.get("value") != expected
+        kept.append(case.model_copy(update={"expected": expected, "distinguishes": distinguishes}))
+    if not any(c.distinguishes and c.origin != "visible" for c in kept):
+        return "no hidden differential check (no unseen input tells the bug from the fix)"
+    telling = [c for c in kept if c.distinguishes]
+    others = [c for c in kept if not c.distinguishes]
+    # the unseen inputs that tell the bug first, so the cap never drops all of them
+    telling.sort(key=lambda c: c.origin == "visible")
+    chosen = telling[:KEEP_DISTINGUISHING] + [others[i] for i in sorted(rng.permutation(len(others))[:KEEP_OTHERS])]
+    order = rng.permutation(len(chosen))
+    return tuple(chosen[j].model_copy(update={"id": f"d{n}"}) for n, j in enumerate(order))
+
+
+__all__ = ["build_cases", "generated_inputs"]
