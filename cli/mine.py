@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -57,18 +59,12 @@ def tasks_mine(packages: Optional[list[str]] = typer.Argument(None, help="PACKAG
     reports = []
     with console.status(f"downloading {len(jobs)} source distributions"):
         prefetch([spec for spec, _ in jobs])
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        def bar_for(key: str, total: int):
-            handle = progress.add_task(f"{key}: mutants tried", total=total)
-            return lambda done: progress.update(handle, completed=done)
-
+    with _progress(console) as (bar_for, say):
         for spec, job_split in jobs:
             try:
-                reports.append(mine_project(spec, job_split, out, options, log=progress.console.print,
-                                            progress_factory=bar_for))
+                reports.append(mine_project(spec, job_split, out, options, log=say, progress_factory=bar_for))
             except MiningError as err:
-                progress.console.print(f"[red]skipped[/] {spec}: {err}")
+                say(f"[red]skipped[/] {spec}: {err}")
             if reports:
                 write_header(out, name, "0", reports)
     if not reports:
@@ -80,3 +76,27 @@ def tasks_mine(packages: Optional[list[str]] = typer.Argument(None, help="PACKAG
                       ", ".join(f"{k}: {v}" for k, v in r.dropped.most_common(3)))
     console.print(table)
     console.print(f"{sum(r.kept for r in reports)} tasks in {out} (summary: {out / 'summary.md'})")
+
+
+@contextmanager
+def _progress(console):
+    """(bar factory, log function): rich bars on a terminal; elsewhere (a log file, CI) one line
+    per ten mutants tried and per package finished, flushed as it happens."""
+    if console.is_terminal:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            def bar_for(key: str, total: int):
+                handle = progress.add_task(f"{key}: mutants tried", total=total)
+                return lambda done: progress.update(handle, completed=done)
+
+            yield bar_for, progress.console.print
+        return
+    start = time.monotonic()
+
+    def bar_for(key: str, total: int):
+        def update(done: int) -> None:
+            if done % 10 == 0 or done == total:
+                console.print(f"{key}: {done}/{total} mutants tried ({time.monotonic() - start:.0f} s)")
+        return update
+
+    yield bar_for, console.print

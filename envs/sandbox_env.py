@@ -15,7 +15,13 @@ from toolgym.envs.core import ToolEnv
 from toolgym.envs.tools import InfraError, ToolError, tool
 from toolgym.sandbox import Sandbox, SandboxConfig, SandboxError, SandboxInfraError, make_sandbox, with_site_layer
 from toolgym.sandbox.fs import diff_trees
+from toolgym.sandbox.ledger import EffectKind
 from toolgym.tasks import Task
+
+#: What of a final workspace reaches grading: text files of at most 1 MiB, 8 MiB in all (sources
+#: and data an agent edits are far smaller); the rest is dropped and recorded (`state_dropped`).
+MAX_STATE_FILE_BYTES = 1 << 20
+MAX_STATE_BYTES = 8 << 20
 
 
 def _tool_error(err: SandboxError) -> Exception:
@@ -111,6 +117,7 @@ class SandboxEnv(ToolEnv):
         modes: dict[str, int] = {}
         if self.sandbox is not None:
             files = self.sandbox.files()  # read the tree once; diff() would read it again
+            total = 0
             for rel, what in diff_trees(self.sandbox.pristine_files(), files).items():
                 entry = files.get(rel)
                 if entry is not None and entry.kind == "file":
@@ -121,12 +128,27 @@ class SandboxEnv(ToolEnv):
                     changes[rel] = None
                 elif entry is not None and entry.kind == "file":
                     try:  # read on the host's side: no command inside, nothing it can forge
-                        changes[rel] = self.sandbox.read_host_bytes(rel).decode("utf-8", errors="replace")
+                        data = self.sandbox.read_host_bytes(rel)
                     except SandboxError:
-                        pass
+                        self._drop(rel, "it could not be read as a regular file")
+                        continue
+                    if len(data) > MAX_STATE_FILE_BYTES or total + len(data) > MAX_STATE_BYTES:
+                        self._drop(rel, f"{len(data)} bytes: over the final state's limit "
+                                        f"({MAX_STATE_FILE_BYTES >> 20} MiB a file, {MAX_STATE_BYTES >> 20} MiB in all)")
+                        continue
+                    total += len(data)
+                    changes[rel] = data.decode("utf-8", errors="replace")
+                elif entry is not None and entry.kind != "dir":
+                    # graders rebuild the workspace from text: a link or a special file cannot come
+                    # along (a symlinked module would otherwise vanish without a word)
+                    self._drop(rel, f"a {entry.kind}, not a regular file")
         return {"answer": self.submitted, "changes": changes, "modes": modes,
                 "metadata": {"side_effects": [e.model_dump(mode="json") for e in self.sandbox.events()]
                              if self.sandbox else []}}
+
+    def _drop(self, rel: str, why: str) -> None:
+        """Record that a file of the final workspace does not reach grading, and why."""
+        self._box().ledger.record(EffectKind.STATE_DROPPED, detail=f"not graded: {why}", path=rel)
 
     def state_hash(self) -> str:
         """The sandbox workspace hash."""

@@ -93,6 +93,8 @@ class Limits(BaseModel):
     cpu_time_s: int = Field(default=60, ge=1, description="CPU seconds per exec (rlimit fallback)")
     cpus: float = Field(default=1.0, gt=0)
     file_size_mb: int = Field(default=64, ge=1)
+    disk_mb: int = Field(default=256, ge=1, description="bytes the sandbox's commands may write to the host's "
+                         "disk (workspace and scratch), in MiB: a command is stopped when it passes them")
     output_bytes: int = Field(default=64_000, ge=1024, description="stdout/stderr kept per stream")
     output_kill_bytes: int = Field(default=8_000_000, description="output beyond this kills the exec")
     timeout_s: float = Field(default=30.0, gt=0)
@@ -131,7 +133,7 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     duration_s: float = 0.0
     oom_killed: bool = False
-    limit_hit: str | None = Field(default=None, description="memory | pids | output | cpu | file_size")
+    limit_hit: str | None = Field(default=None, description="memory | pids | output | cpu | file_size | disk")
 
     @property
     def ok(self) -> bool:
@@ -179,6 +181,21 @@ class Sandbox(abc.ABC):
         """Write several workspace files (backends may do it in one round trip)."""
         for path, text in files.items():
             self.write_file(path, text)
+
+    def written_bytes(self) -> int:
+        """Bytes the sandbox's commands have written to the host's disk (workspace and scratch),
+        counted on the host's side; backends without such a count say 0."""
+        return 0
+
+    def over_disk_limit(self) -> bool:
+        """True once the commands have written more than `limits.disk_mb` (a running command is
+        stopped, and its result says `disk`)."""
+        return self.written_bytes() > self.config.limits.disk_mb << 20
+
+    def _disk_check(self, result: "ExecResult") -> None:
+        """After a command: over the disk limit is the command's limit hit (recorded by `_observe`)."""
+        if result.limit_hit is None and self.over_disk_limit():
+            result.limit_hit = "disk"
 
     @abc.abstractmethod
     def read_host_bytes(self, path: str) -> bytes:

@@ -260,7 +260,7 @@ class BwrapSandbox(ResidentInit, Sandbox):
             except BrokenPipeError:
                 pass
         got = collect(proc, timeout, self.limits.output_bytes, self.limits.output_kill_bytes,
-                      lambda: self._kill_proc(proc))
+                      lambda: self._kill_proc(proc), self.over_disk_limit)
         code = proc.wait()
         with self._lock:
             self._procs.discard(proc)
@@ -331,10 +331,15 @@ class BwrapSandbox(ResidentInit, Sandbox):
             result.limit_hit = "output"
         if result.exit_code in (128 + signal.SIGXCPU, 128 + signal.SIGXFSZ) and result.limit_hit is None:
             result.limit_hit = "cpu" if result.exit_code == 128 + signal.SIGXCPU else "file_size"
+        self._disk_check(result)
         if result.limit_hit:
             led.record(EffectKind.RESOURCE_LIMIT, detail=f"{result.limit_hit} limit hit")
         if result.timed_out:
             led.record(EffectKind.RESOURCE_LIMIT, detail="timeout")
+
+    def written_bytes(self) -> int:
+        """The workspace's upper layer and /tmp, measured on the host."""
+        return fs.tree_bytes(self.layers / "upper") + fs.tree_bytes(self.layers / "tmp")
 
     def read_file(self, path: str) -> str:
         """Text of a workspace file, read inside the sandbox (so links resolve as the agent sees them)."""

@@ -77,7 +77,7 @@ class ResidentInit:
         start = time.perf_counter()
         try:  # ResidentDied (the init never took it) goes to the caller, which runs it another way
             got, code = run_command(resident, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes,
-                                    self.limits.output_kill_bytes)
+                                    self.limits.output_kill_bytes, self.over_disk_limit)
         except InitLost as lost:
             got, code = lost.got, self._resident_died(resident, counters, lost)
         self._check_started(got)

@@ -6,6 +6,10 @@ import os
 import selectors
 import subprocess
 import time
+from typing import Callable
+
+#: How often a running command's `watch` (the disk check) is asked whether to stop it.
+WATCH_EVERY_S = 0.25
 
 
 class Collected:
@@ -16,6 +20,8 @@ class Collected:
         self.total_out = self.total_err = 0
         self.timed_out = False
         self.overflow = False
+        #: the `watch` asked for the command to be stopped (e.g. its disk limit)
+        self.watched_out = False
 
     @property
     def truncated(self) -> bool:
@@ -23,23 +29,25 @@ class Collected:
         return self.total_out > len(self.out) or self.total_err > len(self.err)
 
 
-def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, kill) -> Collected:
+def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, kill,
+            watch: Callable[[], bool] | None = None) -> Collected:
     """Read a process's stdout/stderr (bounded) and wait for its exit (see `collect_fds`)."""
     pidfd = os.pidfd_open(proc.pid)
     try:
         return collect_fds(proc.stdout.fileno(), proc.stderr.fileno(), pidfd,  # type: ignore[union-attr]
-                           timeout_s, keep, kill_at, kill)
+                           timeout_s, keep, kill_at, kill, watch)
     finally:
         os.close(pidfd)
 
 
 def collect_fds(out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: int, kill_at: int,
-                kill) -> Collected:
+                kill, watch: Callable[[], bool] | None = None) -> Collected:
     """Read stdout/stderr (bounded) and wait for exit in one select loop, with a deadline.
 
     No helper threads and no polling sleeps: `exit_fd` (a pidfd, or the resident init's socket,
     which it answers on) wakes the loop the moment the command exits. `kill()` is called on
-    timeout or when output passes `kill_at` bytes.
+    timeout, when output passes `kill_at` bytes, or when `watch()` (asked every `WATCH_EVERY_S`
+    while the command runs) returns True.
     """
     res = Collected()
     sel = selectors.DefaultSelector()
@@ -49,6 +57,7 @@ def collect_fds(out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: 
         sel.register(stream, selectors.EVENT_READ)
     sel.register(exit_fd, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout_s
+    next_watch = time.monotonic() + WATCH_EVERY_S
     exited = False
     try:
         while streams or not exited:
@@ -60,6 +69,14 @@ def collect_fds(out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: 
                 remaining = 5
             if remaining <= 0:
                 break
+            if watch is not None and not exited and not res.watched_out:
+                now = time.monotonic()
+                if now >= next_watch:
+                    next_watch = now + WATCH_EVERY_S
+                    if watch():
+                        res.watched_out = True
+                        kill()
+                remaining = min(remaining, max(0.0, next_watch - now))
             for key, _ in sel.select(remaining):
                 if key.fileobj == exit_fd:
                     exited = True

@@ -86,6 +86,7 @@ class DockerSandbox(Sandbox):
             raise
         self._prepare_slot()
         self._pristine_tree = fs.read_tree(self.ws)  # before any command: the pristine tree
+        self._pristine_bytes = fs.tree_bytes(self.ws)
 
     # ---- host-side state ---------------------------------------------------------------------------
 
@@ -237,7 +238,7 @@ class DockerSandbox(Sandbox):
         start = time.perf_counter()
         try:
             got, code = run_command(channel, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes,
-                                    self.limits.output_kill_bytes)
+                                    self.limits.output_kill_bytes, self.over_disk_limit)
         except (ResidentDied, InitLost) as lost:
             if self.closed or getattr(self, "closing", False):
                 raise SandboxInfraError("sandbox is closed") from None
@@ -309,10 +310,16 @@ class DockerSandbox(Sandbox):
             result.limit_hit = "output"
         if result.exit_code in (128 + 24, 128 + 25) and result.limit_hit is None:  # SIGXCPU, SIGXFSZ
             result.limit_hit = "cpu" if result.exit_code == 128 + 24 else "file_size"
+        self._disk_check(result)
         if result.limit_hit:
             led.record(EffectKind.RESOURCE_LIMIT, detail=f"{result.limit_hit} limit hit")
         if result.timed_out:
             led.record(EffectKind.RESOURCE_LIMIT, detail="timeout")
+
+    def written_bytes(self) -> int:
+        """The workspace's growth since it was made, measured on the host's bind directory (the
+        container's /tmp is a tmpfs of its own, bounded by docker)."""
+        return max(0, fs.tree_bytes(self.ws) - self._pristine_bytes)
 
     def read_file(self, path: str) -> str:
         """Text of a workspace file, read on the host (symlinks may not leave the workspace)."""

@@ -173,6 +173,27 @@ def diff_trees(before: dict[str, Entry], after: dict[str, Entry]) -> dict[str, s
     return out
 
 
+def tree_bytes(root: str | Path) -> int:
+    """Disk space the files under `root` use (allocated blocks: a sparse file counts what it
+    holds), not following symlinks; 0 if `root` is gone."""
+    total = 0
+    stack = [str(root)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for de in it:
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(de.path)
+        except OSError:
+            continue
+    return total
+
+
 def read_regular(path: str | Path) -> bytes:
     """Bytes of a regular file, refusing a symlink at the last component and anything not a
     regular file (a FIFO would block the reader, a device would read the host)."""

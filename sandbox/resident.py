@@ -76,9 +76,9 @@ class InitChannel:
 
 
 def run_command(channel: InitChannel, cmd: str, cwd: str, env: dict[str, str], stdin: str | None, timeout_s: float,
-                keep: int, kill_at: int):
+                keep: int, kill_at: int, watch=None):
     """Run one command through `channel`: pipes for its output (read with `collect_fds`, bounded,
-    killed at the deadline or past `kill_at` bytes), its stdin fed, its exit code read.
+    killed at the deadline, past `kill_at` bytes or when `watch()` says so), its stdin fed, its exit code read.
     Returns (Collected, exit code); raises `ResidentDied` if the init never took the command
     (nothing ran: the caller may run it another way) and `InitLost` if it ended meanwhile."""
     from toolgym.sandbox.collect import collect_fds
@@ -101,7 +101,8 @@ def run_command(channel: InitChannel, cmd: str, cwd: str, env: dict[str, str], s
             finally:
                 os.close(in_w)
                 in_w = None
-        got = collect_fds(out_r, err_r, channel.sock.fileno(), timeout_s, keep, kill_at, channel.request_kill)
+        got = collect_fds(out_r, err_r, channel.sock.fileno(), timeout_s, keep, kill_at, channel.request_kill,
+                          watch)
         try:
             return got, channel.answer()
         except ResidentDied as died:

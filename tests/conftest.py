@@ -148,7 +148,7 @@ def sandbox(backend):
     from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 
     config = SandboxConfig(backend=backend, protected=("tests",),
-                           limits=Limits(timeout_s=20, memory_mb=256, pids=64, file_size_mb=16))
+                           limits=Limits(timeout_s=20, memory_mb=256, pids=64, file_size_mb=16, disk_mb=48))
     box = make_sandbox(dict(WORKSPACE_FILES), config)
     yield box
     box.close()

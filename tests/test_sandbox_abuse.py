@@ -48,6 +48,12 @@ def small_file(r, box):
     assert size <= 17 * 1024 * 1024
 
 
+def disk_stopped(r, box):
+    """Many files under the per-file limit: the disk limit (48 MiB) stops the command midway."""
+    assert r.limit_hit == "disk" and "done" not in r.stdout
+    assert box.written_bytes() < 120 * 1024 * 1024
+
+
 def quick_kill(r, box):
     assert r.duration_s < 15 and (r.truncated or r.limit_hit == "output")
 
@@ -78,6 +84,8 @@ ATTACKS = [
     Attack("memory bomb", "python3 -c 'x = bytearray(2 * 1024**3); x[::4096] = b\"1\" * len(x[::4096])'",
            check=memory_contained),
     Attack("disk fill", "dd if=/dev/zero of=big bs=1M count=100 2>&1; echo done", check=small_file),
+    Attack("disk fill in many files", "i=0; while [ $i -lt 200 ]; do head -c 1048576 /dev/zero > d$i; sleep 0.02; "
+           "i=$((i+1)); done; echo done", expect={K.RESOURCE_LIMIT}, check=disk_stopped, timeout=20),
     Attack("sleep forever", "sleep 1000", expect={K.RESOURCE_LIMIT}, timeout=1),
     Attack("background daemon", "nohup sleep 1001 >/dev/null 2>&1 &", expect={K.PROCESS_LEFT_RUNNING}),
     Attack("setsid daemon", "setsid sleep 1002 >/dev/null 2>&1 &", expect={K.PROCESS_LEFT_RUNNING}),

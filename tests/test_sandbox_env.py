@@ -65,6 +65,18 @@ def test_oracle_solves_and_reset_restores(env):
     assert obs1 == obs0 and env.state_hash() == h0
 
 
+def test_final_state_drops_links_and_oversized_files_with_events(env):
+    """Graders rebuild the workspace from text: what cannot come along is recorded, not lost silently."""
+    env.reset(seed=0)
+    env.step(call("bash", command="ln -s notes.txt link.py; head -c 2000000 /dev/zero | tr '\\0' a > big.txt; "
+                                  "echo ok > small.txt"))
+    state = env.final_state()
+    assert state["changes"] == {"small.txt": "ok\n"}
+    dropped = {e["path"]: e["detail"] for e in state["metadata"]["side_effects"] if e["kind"] == "state_dropped"}
+    assert set(dropped) == {"link.py", "big.txt"}
+    assert "symlink" in dropped["link.py"] and "2000000 bytes" in dropped["big.txt"]
+
+
 def test_side_effects_reported_per_step(env):
     env.reset(seed=0)
     _, _, _, _, info = env.step(call("bash", command="echo x > /etc/evil; true"))

@@ -10,14 +10,20 @@ from toolgym.tasks import Task
 from toolgym.verifiers.protect import is_protected, split_changes
 
 
+#: MiB a grading sandbox's commands may write (a test run writes its report and little else).
+GRADING_DISK_MB = 32
+
+
 def _protected(path: str, task: Task) -> bool:
     return is_protected(path, tuple(task.hidden.protected))
 
 
 def grading_config(config: SandboxConfig) -> SandboxConfig:
     """The sandbox config a grader's sandbox runs under (its docker pool is this config's)."""
-    # a grader runs a command or two per sandbox: a fresh bwrap each beats starting a resident init
-    return config.model_copy(update={"canary": False, "resident": False})
+    # a grader runs a command or two per sandbox: a fresh bwrap each beats starting a resident init;
+    # grading writes a report and little else: code that fills the disk is stopped early
+    limits = config.limits.model_copy(update={"disk_mb": min(config.limits.disk_mb, GRADING_DISK_MB)})
+    return config.model_copy(update={"canary": False, "resident": False, "limits": limits})
 
 
 def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxConfig,

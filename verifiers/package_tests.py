@@ -1,34 +1,37 @@
-"""`PackageTestVerifier`: a real project's own tests grade the agent's fix (mined tasks).
+"""`PackageTestVerifier`: a mined task is passed only if the project's own tests pass AND the
+agent's function behaves like the pristine one where no agent code decides (mined tasks).
 
-These tests must import the agent's code, so the probe/judge split of `hidden_tests.py` cannot
-apply: the test process runs agent code. What this grading does:
+The project's tests must import the agent's code, so their results come from a process the
+agent's code controls: from inside it, code can read every test it runs, tell a sentinel from a
+real test and forge one but not the other. Those results are therefore a required signal, never
+the decision alone. Grading has two parts:
 
-- **Isolated start.** A fresh grading sandbox holds the pristine project plus the agent's changes
-  to non-protected paths; tests, `conftest.py`, test data, `pytest.py`, `_pytest`, `.pth`,
-  `sitecustomize`, `pyproject.toml`/`setup.cfg`/`tox.ini` edits are dropped and reported as
-  tampering. The process is `python3 -I` (no `PYTHON*` variables, no user site, no cwd on the
-  path) with plugin autoload off, the grader's own ini (`-c`; the project's addopts never apply),
-  no cache provider, no bytecode written (`-B`) and none read from the workspace: pytest and its
-  built-in plugins load first, from the read-only root with its own bytecode, then
-  `sys.pycache_prefix` points at an empty directory, so a planted `__pycache__` is never used
-  (`pytest_command`); a read-only root filesystem.
-- **One process per hidden test file, each from the same starting state.** The workspace is
-  restored between runs, so one run's code cannot rewrite the next run's tests.
-- **Grading copies, not the visible tests.** Each run executes a copy of a pristine test file in
-  which every test has an opaque name and only selected tests remain; agent code cannot choose
-  tests by the names it saw.
-- **Sentinels.** Each copy holds tests that fail on any correct code (real tests with one expected
-  value changed), under names and a layout no different from the real ones. A run in which a
-  sentinel passes, or which exits 0 although sentinels must fail, forged its results: `failed`
-  with a `test_tamper` event.
-- **Results on the host side.** The JUnit report is read from the host's side of the
-  filesystem; every expected test must appear in it.
+1. **Differential checks, decided outside** (`verifiers/differential.py`). First, in a fresh
+   grading sandbox that holds the agent's workspace and no test file at all, a probe process
+   calls the agent's function on the inputs recorded at mining time (calls the passing tests
+   made, the withheld test's calls, generated inputs) and prints what it observed as plain data.
+   The host compares those records with the pristine function's, stored as data in the task and
+   never present in any sandbox. Then a reset removes every trace of the probe.
+2. **The package's tests**, in the same sandbox after the reset, hardened as before:
+   - *Isolated start.* The pristine project plus the agent's changes to non-protected paths; edits
+     to tests, `conftest.py`, test data, `pytest.py`, `_pytest`, `.pth`, `sitecustomize`,
+     `pyproject.toml`/`setup.cfg`/`tox.ini` are dropped and reported as tampering. `python3 -I`
+     with plugin autoload off, the grader's own ini, no cache provider, no bytecode written or
+     read from the workspace (`pytest_command`), a read-only root filesystem.
+   - *One process per hidden test file*, each from the same restored state.
+   - *Grading copies*: every test under an opaque name, only the selected tests kept.
+   - *Sentinels*: real tests with one expected value changed, which correct code fails; a run in
+     which one passes, or which exits 0 although sentinels must fail, forged its results.
+   - *Results on the host side*: the JUnit report, every expected test in it.
 
-What it does not stop (the test process runs agent code, so this is a threat model, not a proof):
-agent code that recognises sentinels by comparing every test body with the visible tests it
-memorised (a sentinel differs from one visible test in one constant) and forges only the others;
-code that detects the grader's environment and behaves correctly only there (that code is then
-correct where graded). The generated suites (`hidden_tests.py`) have neither gap.
+A run whose package tests all pass while a differential check fails is `failed` with a
+`test_tamper` event ("inconsistent results"): that disagreement is the signature of forging.
+
+What is still not stopped (see the README's threat model): an agent that knows the pristine
+code's result on every recorded input without fixing the bug (the inputs are hidden and mostly
+generated; knowing all their answers is knowing the fix); a correct but different fix that
+behaves otherwise on an input (a different exception type on a generated input is not counted:
+generated inputs check results only).
 """
 
 from __future__ import annotations
