@@ -7,6 +7,8 @@ same run measures the machine's own ceiling for that ratio: plain CPU work in 2 
 
     python bench/verify.py [--tasks 100] [--rounds 3] [--out runs/bench/verify.json]
     python bench/verify.py --suite swe-pypi --tasks 40    # mined tasks, graded by the package's own tests
+    python bench/verify.py --suite swe-pypi --tasks 40 --differential-cost   # + the same tasks without
+                                                                           # their differential checks
 
 `--suite` takes a registered suite or a suite directory; tasks are spread evenly over it (for a
 mined suite: over its packages). The oracle fix is graded, so every verification should pass.
@@ -111,6 +113,9 @@ def main() -> None:
     parser.add_argument("--suite", default="code-repair", help="registered suite or suite directory")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of (one at a time, 8 at a time) per backend")
     parser.add_argument("--out", default=None, help="default: runs/bench/verify[-SUITE].json")
+    parser.add_argument("--differential-cost", action="store_true",
+                        help="mined suites: also grade the same tasks one at a time without their differential "
+                             "checks, interleaved round by round, and print the p50 ratio")
     args = parser.parse_args()
     suite = builtin_suite(args.suite) if args.suite in suite_specs() else TaskSuite.load(args.suite)
     step = max(1, len(suite) // args.tasks)
@@ -126,6 +131,16 @@ def main() -> None:
         for _ in range(args.rounds):
             for workers in (1, 8):
                 rounds[workers].append(run(backend, tasks, workers))
+        if args.differential_cost:
+            bare = [t.model_copy(update={"hidden": t.hidden.model_copy(update={"differential": ()})}) for t in tasks]
+            with_checks, without = [], []
+            for _ in range(args.rounds):  # interleaved: the machine's noise falls on both alike
+                without.append(run(backend, bare, 1))
+                with_checks.append(run(backend, tasks, 1))
+            a, b = summary(with_checks), summary(without)
+            out[backend + "_differential_cost"] = {"with": a, "without": b, "p50_ratio": a["p50_ms"] / b["p50_ms"]}
+            print(f"{backend:6} differential checks: p50 {a['p50_ms']:.0f} ms with, {b['p50_ms']:.0f} ms without "
+                  f"({a['p50_ms'] / b['p50_ms']:.2f}x; {a['passed']} and {b['passed']} of {a['tasks']} passed)")
         seq, par = summary(rounds[1]), summary(rounds[8])
         out[backend] = {"sequential": seq, "parallel_8": par, "speedup": seq["wall_s"] / par["wall_s"],
                         "speedup_each": [a / b for a, b in zip(seq["wall_s_each"], par["wall_s_each"])]}

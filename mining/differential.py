@@ -2,8 +2,9 @@
 
 The miner traces every call the covering tests make into the function (on the pristine tree),
 adds generated inputs of the same types (empty, shorter, longer, negated, reversed), and calls
-the pristine function on each input three times in separate processes (a different hash seed
-each: a result that depends on it is not a check) and the mutant once. What it keeps is data:
+the pristine function on each input twice in separate processes (with the grader's fixed hash
+seed: a result that varies anyway, with time, randomness or addresses, is not a check) and the
+mutant once. What it keeps is data:
 the input, the pristine record, where the input came from, and whether the mutant differs on it.
 Grading compares the agent's function with those records outside the test process
 (`verifiers/differential.py`).
@@ -30,7 +31,7 @@ TRACED_MAX = 32
 GENERATED_MAX = 24
 KEEP_DISTINGUISHING = 12
 KEEP_OTHERS = 8
-PRISTINE_RUNS = 3
+PRISTINE_RUNS = 2
 MAX_EXPECTED_CHARS = 20_000
 
 
@@ -106,6 +107,30 @@ def build_cases(box: Sandbox, import_root: str, path: str, function: str, pristi
         return "no differential check (no call of the function could be recorded)"
     cases = [DifferentialCase(id=f"c{i}", code=case_code(module, function, key, import_root), expected="",
                               origin=origin) for i, (key, origin) in enumerate(inputs)]
+    kept = _recorded(box, path, pristine, mutant, cases, timeout_s)
+    if not any(c.distinguishes and c.origin != "visible" for c in kept):
+        return "no hidden differential check (no unseen input tells the bug from the fix)"
+    telling = [c for c in kept if c.distinguishes]
+    others = [c for c in kept if not c.distinguishes]
+    # the unseen inputs that tell the bug first, so the cap never drops all of them
+    telling.sort(key=lambda c: c.origin == "visible")
+    chosen = telling[:KEEP_DISTINGUISHING] + [others[i] for i in sorted(rng.permutation(len(others))[:KEEP_OTHERS])]
+    order = rng.permutation(len(chosen))
+    final = [chosen[j].model_copy(update={"id": f"d{n}", "expected": ""}) for n, j in enumerate(order)]
+    # Recorded again as graded: these calls, in this order, in one process. A result that depends
+    # on what ran before it in the process (a counter, a cache) changes here and is not a check.
+    again = {c.id: c for c in _recorded(box, path, pristine, mutant, final, timeout_s)}
+    before = {f"d{n}": chosen[j] for n, j in enumerate(order)}
+    final = [again[c.id] for c in final if c.id in again and again[c.id].expected == before[c.id].expected]
+    if not any(c.distinguishes and c.origin != "visible" for c in final):
+        return "no hidden differential check (the telling results depend on the order of the calls)"
+    return tuple(final)
+
+
+def _recorded(box: Sandbox, path: str, pristine: str, mutant: str, cases: list[DifferentialCase],
+              timeout_s: float) -> list[DifferentialCase]:
+    """`cases` with the pristine function's records as `expected` and whether the mutant differs;
+    a case whose pristine runs disagree, give no data, or (generated) raise is left out."""
     pristine_runs = [run_cases(box, cases, timeout_s) for _ in range(PRISTINE_RUNS)]
     box.write_file(path, mutant)
     try:
@@ -127,15 +152,7 @@ def build_cases(box: Sandbox, import_root: str, path: str, function: str, pristi
         got = mutant_run.get(case.id)
         distinguishes = got is None or got.get("value") != expected
         kept.append(case.model_copy(update={"expected": expected, "distinguishes": distinguishes}))
-    if not any(c.distinguishes and c.origin != "visible" for c in kept):
-        return "no hidden differential check (no unseen input tells the bug from the fix)"
-    telling = [c for c in kept if c.distinguishes]
-    others = [c for c in kept if not c.distinguishes]
-    # the unseen inputs that tell the bug first, so the cap never drops all of them
-    telling.sort(key=lambda c: c.origin == "visible")
-    chosen = telling[:KEEP_DISTINGUISHING] + [others[i] for i in sorted(rng.permutation(len(others))[:KEEP_OTHERS])]
-    order = rng.permutation(len(chosen))
-    return tuple(chosen[j].model_copy(update={"id": f"d{n}"}) for n, j in enumerate(order))
+    return kept
 
 
 __all__ = ["build_cases", "generated_inputs"]

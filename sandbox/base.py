@@ -93,7 +93,7 @@ class Limits(BaseModel):
     cpu_time_s: int = Field(default=60, ge=1, description="CPU seconds per exec (rlimit fallback)")
     cpus: float = Field(default=1.0, gt=0)
     file_size_mb: int = Field(default=64, ge=1)
-    disk_mb: int = Field(default=256, ge=1, description="bytes the sandbox's commands may write to the host's "
+    disk_mb: int = Field(default=128, ge=1, description="bytes the sandbox's commands may write to the host's "
                          "disk (workspace and scratch), in MiB: a command is stopped when it passes them")
     output_bytes: int = Field(default=64_000, ge=1024, description="stdout/stderr kept per stream")
     output_kill_bytes: int = Field(default=8_000_000, description="output beyond this kills the exec")

@@ -220,8 +220,19 @@ def test_the_fix_still_passes_beside_dropped_tampering(task, backend):
     assert {"conftest.py", "pytest.py"} <= {e["path"] for e in verdict.details["side_effects"]}
 
 
-def test_there_are_at_least_25_attacks():
-    assert len(ATTACKS) >= 25 and len(set(ATTACKS)) == len(ATTACKS)
+def test_there_are_at_least_30_attacks():
+    assert len(ATTACKS) >= 30 and len(set(ATTACKS)) == len(ATTACKS)
+
+
+def test_controls_on_the_attacked_task(task, backend):
+    """The attacks' task: the oracle passes every check, doing nothing fails, and an input the
+    agent never sees tells the two apart (the property the miner keeps a task for)."""
+    verifier = PackageTestVerifier(SandboxConfig(backend=backend))
+    fixed = verifier.verify(task, FinalState(changes={task.oracle[0].arguments["path"]: task.oracle[0].arguments["content"]}))
+    assert fixed.passed and all(t.passed for t in fixed.tests) and not fixed.details["side_effects"], fixed.reason
+    nothing = verifier.verify(task, FinalState())
+    assert nothing.outcome == Outcome.FAILED and not nothing.details["side_effects"], nothing.reason
+    assert any(c.distinguishes and c.origin != "visible" for c in task.hidden.differential)
 
 
 def test_the_default_verifier_of_the_kind():
@@ -263,3 +274,23 @@ def test_the_grader_never_reads_workspace_bytecode(backend):
                           env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
         assert graded.exit_code == 0, graded.stdout + graded.stderr
         assert "2 passed" in graded.stdout
+
+
+def test_differential_judgement_reads_records_as_data_with_exact_types():
+    """The host's side of the differential checks: agent records are parsed, never run, and an
+    answer of another type, a garbled or missing record, or an error is a failed check."""
+    from toolgym.tasks import DifferentialCase
+    from toolgym.verifiers.differential import judge, same
+
+    assert same([1, "a", (2.5, None)], [1, "a", (2.5, None)]) and same({"a": 1, "b": 2}, {"b": 2, "a": 1})
+    assert not same(1, 1.0) and not same(1, True) and not same([1], (1,)) and not same({"a": 1}, {"a": 1.0})
+    cases = tuple(DifferentialCase(id=f"d{i}", code="result = 0", expected=repr([["return", 3], [1, 2], {}]))
+                  for i in range(6))
+    records = {"d0": {"value": repr([["return", 3], [1, 2], {}])},
+               "d1": {"value": repr([["return", 3.0], [1, 2], {}])},
+               "d2": {"value": "__import__('os').system('true')"},
+               "d3": {"error": "Timeout", "message": "probe ran past its time budget"},
+               "d5": {"value": "[" * 5000 + "]" * 5000}}
+    results = {r.name: r.passed for r in judge(cases, records)}
+    assert results == {"differential::d0": True, "differential::d1": False, "differential::d2": False,
+                       "differential::d3": False, "differential::d4": False, "differential::d5": False}

@@ -31,6 +31,9 @@ from toolgym.verifiers.hidden_tests import parse_probe_records
 from toolgym.verifiers.judge import grader_source
 from toolgym.verifiers.verdict import TestResult
 
+#: The probe process's environment: one hash seed for the miner's records and every grading.
+PROBE_ENV = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+
 #: Seconds one case may take in the probe process (the pristine code's tests run in under 2 s).
 PER_CASE_S = 3.0
 
@@ -114,7 +117,10 @@ def probe_files(cases: list[DifferentialCase] | tuple[DifferentialCase, ...]) ->
     folder = f".toolgym-diff-{secrets.token_hex(6)}"
     spec = {"per_probe_s": PER_CASE_S, "probes": [{"id": c.id, "code": c.code} for c in cases]}
     files = {f"{folder}/run.py": grader_source("probe_runner.py"), f"{folder}/cases.json": json.dumps(spec)}
-    return f"python3 -I {folder}/run.py {folder}/cases.json", files
+    # `-s -P` and no -E: isolated like `-I` (no user site, no script directory on the path) but
+    # with PROBE_ENV's fixed hash seed, so a result that follows set order is the same at mining
+    # and at grading (the exec's environment is the grader's alone)
+    return f"python3 -s -P {folder}/run.py {folder}/cases.json", files
 
 
 def run_cases(box: Sandbox, cases: list[DifferentialCase], timeout_s: float) -> dict[str, dict]:
@@ -123,7 +129,7 @@ def run_cases(box: Sandbox, cases: list[DifferentialCase], timeout_s: float) -> 
     for path, text in files.items():
         box.write_file(path, text)
     try:
-        res = box.exec(command, timeout_s=timeout_s)
+        res = box.exec(command, timeout_s=timeout_s, env=PROBE_ENV)
     finally:
         box.exec(f"rm -rf {command.split()[2].split('/')[0]}")
     return parse_probe_records(res.stdout)
@@ -169,4 +175,4 @@ def judge(cases: tuple[DifferentialCase, ...], records: dict[str, dict]) -> list
     return results
 
 
-__all__ = ["PER_CASE_S", "case_code", "judge", "module_name", "probe_files", "read_value", "run_cases", "same"]
+__all__ = ["PER_CASE_S", "PROBE_ENV", "case_code", "judge", "module_name", "probe_files", "read_value", "run_cases", "same"]

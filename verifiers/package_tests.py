@@ -44,7 +44,7 @@ import xml.etree.ElementTree as ET
 
 from toolgym.sandbox import SandboxConfig, SandboxError, with_site_layer
 from toolgym.tasks import Task
-from toolgym.verifiers.differential import judge, probe_files
+from toolgym.verifiers.differential import PROBE_ENV, judge, probe_files
 from toolgym.verifiers.grading import apply_modes, grading_sandbox
 from toolgym.verifiers.hidden_tests import parse_probe_records
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
@@ -142,7 +142,7 @@ class PackageTestVerifier:
         records: dict[str, dict] = {}
         try:
             if probe_command:
-                res = box.exec(probe_command, timeout_s=min(hidden.timeout_s, DIFFERENTIAL_TIMEOUT_S))
+                res = box.exec(probe_command, timeout_s=min(hidden.timeout_s, DIFFERENTIAL_TIMEOUT_S), env=PROBE_ENV)
                 tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"}
                            for e in box.events()]
                 records = parse_probe_records(res.stdout)
