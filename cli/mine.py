@@ -24,7 +24,7 @@ def tasks_mine(packages: Optional[list[str]] = typer.Argument(None, help="PACKAG
                split: str = typer.Option("train", help="split of the given packages: train or held-out"),
                seed: int = typer.Option(0, help="seed of the candidate order and the grading copies"),
                max_tasks: int = typer.Option(32, help="tasks kept per package at most"),
-               max_tries: int = typer.Option(80, help="mutants tried per package at most"),
+               max_tries: int = typer.Option(120, help="mutants tried per package at most"),
                workers: int = typer.Option(3, help="mutants tried in parallel (one sandbox each)"),
                backends: str = typer.Option("bwrap,docker", help="sandbox backends every kept task is verified on "
                                             "(comma-separated)"),

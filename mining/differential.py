@@ -2,9 +2,10 @@
 
 The miner traces every call the covering tests make into the function (on the pristine tree),
 adds generated inputs of the same types (empty, shorter, longer, negated, reversed), and calls
-the pristine function on each input twice in separate processes (with the grader's fixed hash
-seed: a result that varies anyway, with time, randomness or addresses, is not a check) and the
-mutant once. What it keeps is data:
+the pristine function and the mutant on each input; the inputs kept are recorded again, in the
+order grading calls them, twice in separate processes (with the grader's fixed hash seed: a
+result that varies anyway, with time, randomness, addresses or the calls before it, is not a
+check). What it keeps is data:
 the input, the pristine record, where the input came from, and whether the mutant differs on it.
 Grading compares the agent's function with those records outside the test process
 (`verifiers/differential.py`).
@@ -51,30 +52,49 @@ def _variants(value) -> list:
     return []
 
 
-def generated_inputs(inputs: list[str], rng: np.random.Generator, limit: int) -> list[str]:
-    """Up to `limit` new repr-encoded inputs, each one recorded input with one argument changed."""
-    out: dict[str, None] = {}
-    seen = set(inputs)
-    order = rng.permutation(len(inputs)) if inputs else []
-    for round_ in range(3):
+def _slots(key: tuple, view: str | None) -> tuple[list, dict]:
+    """The builtin-data arguments of a recorded call, by position and by name (a pickled call's
+    from its view; the others cannot be changed from outside)."""
+    if key[0] == "repr":
+        positional, keywords = ast.literal_eval(key[1])
+        return dict(enumerate(positional)), dict(keywords)
+    if not view:
+        return {}, {}
+    positional, keywords = ast.literal_eval(view)
+    return ({j: s[1] for j, s in enumerate(positional) if s[0] == "v"},
+            {k: s[1] for k, s in keywords.items() if s[0] == "v"})
+
+
+def generated_inputs(calls: list[tuple[tuple, str | None]], rng: np.random.Generator, limit: int) -> list[tuple]:
+    """Up to `limit` new inputs, each a recorded call (its args key and view) with one builtin-data
+    argument changed: ("repr", text) for a call of builtin data, ("pickle", base64, overrides)
+    for a pickled one (the override applied after unpickling)."""
+    out: dict[tuple, None] = {}
+    seen = {key for key, _ in calls}
+    order = rng.permutation(len(calls)) if calls else []
+    for _ in range(3):
         for i in order:
-            positional, keywords = ast.literal_eval(inputs[i])
-            slots = [("p", j) for j in range(len(positional))] + [("k", k) for k in keywords]
+            key, view = calls[i]
+            positional, keywords = _slots(key, view)
+            slots = [("p", j) for j in positional] + [("k", k) for k in keywords]
             if not slots:
                 continue
-            where, key = slots[int(rng.integers(0, len(slots)))]
-            options = _variants(positional[key] if where == "p" else keywords[key])
+            where, name = slots[int(rng.integers(0, len(slots)))]
+            options = _variants(positional[name] if where == "p" else keywords[name])
             if not options:
                 continue
             new = options[int(rng.integers(0, len(options)))]
-            args, kwargs = list(positional), dict(keywords)
-            if where == "p":
-                args[key] = new
+            if key[0] == "repr":
+                args, kwargs = ast.literal_eval(key[1])
+                if where == "p":
+                    args[name] = new
+                else:
+                    kwargs[name] = new
+                made: tuple = ("repr", repr([args, kwargs]))
             else:
-                kwargs[key] = new
-            text = repr([args, kwargs])
-            if text not in seen and text not in out and len(text) < 4000:
-                out[text] = None
+                made = ("pickle", key[1], repr([[[name, new]], []] if where == "p" else [[], [[name, new]]]))
+            if made not in seen and made not in out and len(made[-1]) < 4000:
+                out[made] = None
             if len(out) >= limit:
                 return list(out)
     return list(out)
@@ -91,6 +111,7 @@ def build_cases(box: Sandbox, import_root: str, path: str, function: str, pristi
         return "no differential check (the function cannot be called from outside)"
     calls = capture_calls(box, targets, f"{path}::{function}", timeout_s)
     origins: dict[tuple[str, str], str] = {}
+    views = {tuple(call["args"]): call.get("view") for call in calls}
     for call in calls:
         file = call["test"].split("::")[0]
         origin = "withheld" if base_name(call["test"]) in withheld.get(file, ()) else "visible"
@@ -100,14 +121,13 @@ def build_cases(box: Sandbox, import_root: str, path: str, function: str, pristi
     traced = list(origins)
     if len(traced) > TRACED_MAX:
         traced = [traced[i] for i in sorted(rng.choice(len(traced), TRACED_MAX, replace=False))]
-    plain = [text for kind, text in traced if kind == "repr"]
-    generated = [("repr", text) for text in generated_inputs(plain, rng, GENERATED_MAX)]
+    generated = generated_inputs([(key, views.get(key)) for key in traced], rng, GENERATED_MAX)
     inputs = [(key, origins[key]) for key in traced] + [(key, "generated") for key in generated]
     if not inputs:
         return "no differential check (no call of the function could be recorded)"
     cases = [DifferentialCase(id=f"c{i}", code=case_code(module, function, key, import_root), expected="",
                               origin=origin) for i, (key, origin) in enumerate(inputs)]
-    kept = _recorded(box, path, pristine, mutant, cases, timeout_s)
+    kept = _recorded(box, path, pristine, mutant, cases, timeout_s, runs=1)
     if not any(c.distinguishes and c.origin != "visible" for c in kept):
         return "no hidden differential check (no unseen input tells the bug from the fix)"
     telling = [c for c in kept if c.distinguishes]
@@ -128,10 +148,10 @@ def build_cases(box: Sandbox, import_root: str, path: str, function: str, pristi
 
 
 def _recorded(box: Sandbox, path: str, pristine: str, mutant: str, cases: list[DifferentialCase],
-              timeout_s: float) -> list[DifferentialCase]:
+              timeout_s: float, runs: int = PRISTINE_RUNS) -> list[DifferentialCase]:
     """`cases` with the pristine function's records as `expected` and whether the mutant differs;
-    a case whose pristine runs disagree, give no data, or (generated) raise is left out."""
-    pristine_runs = [run_cases(box, cases, timeout_s) for _ in range(PRISTINE_RUNS)]
+    a case whose `runs` pristine runs disagree, give no data, or (generated) raise is left out."""
+    pristine_runs = [run_cases(box, cases, timeout_s) for _ in range(runs)]
     box.write_file(path, mutant)
     try:
         mutant_run = run_cases(box, cases, timeout_s)

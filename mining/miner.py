@@ -44,7 +44,7 @@ class MineOptions:
 
     seed: int = 0
     max_tasks: int = 32
-    max_tries: int = 80
+    max_tries: int = 120
     per_function: int = 2
     f2p_max: int = 8
     p2p_per_file: int = 6

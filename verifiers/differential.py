@@ -97,14 +97,19 @@ def module_name(path: str, import_root: str) -> str | None:
     return ".".join(parts)
 
 
-def case_code(module: str, qualname: str, args: tuple[str, str] | list[str], import_root: str = ".") -> str:
+def case_code(module: str, qualname: str, args: tuple | list, import_root: str = ".") -> str:
     """Probe code that calls `module.qualname` on one recorded input (`args`: ["repr", text of
-    [positional, keywords]] or ["pickle", base64 of that pair]) and binds `result`."""
-    kind, text = args
+    [positional, keywords]], or ["pickle", base64 of that pair] with an optional third item, the
+    repr of [[position, value]...], [[name, value]...]] to change after unpickling) and binds
+    `result`."""
+    kind, text = args[0], args[1]
     if kind == "repr":
         load = f"args, kwargs = {text}"
     elif kind == "pickle":
         load = f"import base64, pickle\nargs, kwargs = pickle.loads(base64.b64decode({text!r}))"
+        if len(args) > 2:  # a generated input: builtin-data arguments changed after unpickling
+            load += (f"\n_by_position, _by_name = {args[2]}\nfor _i, _v in _by_position:\n    args[_i] = _v\n"
+                     "for _k, _v in _by_name:\n    kwargs[_k] = _v")
     else:
         raise ValueError(f"unknown argument encoding {kind!r}")
     path = "" if import_root in (".", "") else f"import sys\nsys.path.insert(0, {('/workspace/' + import_root.strip('/'))!r})\n"

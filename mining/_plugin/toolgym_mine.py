@@ -8,10 +8,10 @@ the project's source (not its tests) that the test called, as "relpath::qualname
 
 With `$TOOLGYM_MINE_CALLS` set to "relpath::qualname" (one function of the project's source),
 every call of that function made while a test runs is captured for differential grading: one
-JSON line per distinct call to `$TOOLGYM_MINE_CALLS_OUT`, `{"test", "args"}`, where `args` is
-["repr", text] when the positional and keyword arguments are builtin data whose `repr` reads
-back, else ["pickle", base64] when they pickle (a method's `self` included) without naming a
-test module. Standard library only.
+JSON line per distinct call to `$TOOLGYM_MINE_CALLS_OUT`, `{"test", "args", "view"}`, where
+`args` is ["repr", text] when the positional and keyword arguments are builtin data whose `repr`
+reads back, else ["pickle", base64] when they pickle (a method's `self` included) without naming
+a test module; then `view` shows which of them are builtin data (see `_view`). Standard library only.
 """
 
 import base64
@@ -28,7 +28,8 @@ _records = {}
 _current = set()
 _cache = {}
 _CALLS = os.environ.get("TOOLGYM_MINE_CALLS", "")
-_calls = {}  # (test, kind, text) -> None, in first-seen order
+_calls = {}  # (test, kind, text) -> the builtin-data view of a pickled call's arguments, in first-seen order
+_per_test = {}
 _test = [""]
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 _MAX_CALLS_PER_TEST = 64
@@ -78,9 +79,15 @@ def _names_test_module(data):
     return False
 
 
+def _view(positional, kwargs):
+    """repr of the arguments with each one that is not builtin data replaced by ["x"] (the others
+    as ["v", value]): what a generated input may change in a pickled call."""
+    slot = lambda v: ["v", v] if _plain(v) else ["x"]
+    return repr([[slot(v) for v in positional], {k: slot(v) for k, v in kwargs.items()}])
+
+
 def _capture(frame):
-    key_count = sum(1 for k in _calls if k[0] == _test[0])
-    if key_count >= _MAX_CALLS_PER_TEST:
+    if _per_test.get(_test[0], 0) >= _MAX_CALLS_PER_TEST:
         return
     try:
         positional, kwargs = _call_args(frame)
@@ -92,10 +99,12 @@ def _capture(frame):
             if len(data) > _MAX_ARGS_CHARS or _names_test_module(data):
                 return
             kind, text = "pickle", base64.b64encode(data).decode()
+        view = _view(positional, kwargs) if kind == "pickle" else None
     except Exception:  # an argument that cannot be captured: that call is not a check
         return
-    if len(text) <= _MAX_ARGS_CHARS:
-        _calls.setdefault((_test[0], kind, text), None)
+    if len(text) <= _MAX_ARGS_CHARS and (_test[0], kind, text) not in _calls:
+        _calls[(_test[0], kind, text)] = view
+        _per_test[_test[0]] = _per_test.get(_test[0], 0) + 1
 
 
 def _call_target(frame, event, arg):
@@ -164,8 +173,8 @@ def pytest_sessionfinish(session, exitstatus):
     calls_out = os.environ.get("TOOLGYM_MINE_CALLS_OUT")
     if calls_out:
         with open(calls_out, "w") as f:
-            for test, kind, text in _calls:
-                f.write(json.dumps({"test": test, "args": [kind, text]}) + "\n")
+            for (test, kind, text), view in _calls.items():
+                f.write(json.dumps({"test": test, "args": [kind, text], "view": view}) + "\n")
     if _OUT:
         with open(_OUT, "w") as f:
             for rec in _records.values():
