@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from toolgym.cli import envs, evaluation, mine, sandbox, train  # noqa: F401  (they register their commands)
+from toolgym.cli import envs, evaluation, export, mine, sandbox, train  # noqa: F401  (they register their commands)
 from toolgym.cli.app import CLIError, app, err_console
 
 
@@ -20,11 +20,11 @@ def main() -> None:
     from toolgym.tasks import SplitLeakError, TaskLoadError
     from toolgym.trainers.memory import TrainingMemoryError
 
-    # `toolgym tasks mine ...` is its own command (`tasks SUITE` shows a suite).
+    # `toolgym tasks mine ...` and `tasks export ...` are commands of their own (`tasks SUITE` shows a suite).
     args = sys.argv[1:]
     for i, arg in enumerate(args[:-1]):
-        if arg == "tasks" and args[i + 1] == "mine":
-            sys.argv[1 + i:3 + i] = ["tasks-mine"]
+        if arg == "tasks" and args[i + 1] in ("mine", "export"):
+            sys.argv[1 + i:3 + i] = [f"tasks-{args[i + 1]}"]
             break
         if not arg.startswith("-") and args[i - 1:i] not in (["--import"], ["-i"]):
             break

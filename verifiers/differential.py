@@ -20,14 +20,13 @@ of builtin values, or pickles made by the miner from the pristine package (a met
 
 from __future__ import annotations
 
-import ast
 import json
 import secrets
 from typing import Any
 
 from toolgym.sandbox import Sandbox
 from toolgym.tasks import DifferentialCase
-from toolgym.verifiers.hidden_tests import parse_probe_records
+from toolgym.verifiers._grader.records import matches, parse_probe_records, read_value, same
 from toolgym.verifiers.judge import grader_source
 from toolgym.verifiers.verdict import TestResult
 
@@ -140,25 +139,6 @@ def run_cases(box: Sandbox, cases: list[DifferentialCase], timeout_s: float) -> 
     return parse_probe_records(res.stdout)
 
 
-def read_value(text: str) -> tuple[bool, Any]:
-    """(True, value) for a record's text that reads back as builtin data, else (False, None)."""
-    try:
-        return True, ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False, None
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal values of equal types, all the way down (1, 1.0 and True are three answers)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a == b
-
-
 def judge(cases: tuple[DifferentialCase, ...], records: dict[str, dict]) -> list[TestResult]:
     """One result per case: the agent's record read as data and compared with the recorded one."""
     results = []
@@ -172,9 +152,7 @@ def judge(cases: tuple[DifferentialCase, ...], records: dict[str, dict]) -> list
             results.append(TestResult(name=name, passed=False,
                                       message=f"{record.get('error', 'error')}: {record.get('message', '')[:120]}"))
             continue
-        ok, got = read_value(record["value"])
-        _, want = read_value(case.expected)
-        passed = ok and same(got, want)
+        passed = matches(record, case.expected)
         results.append(TestResult(name=name, passed=passed,
                                   message="" if passed else f"differs from the pristine behaviour on input {case.id}"))
     return results

@@ -33,6 +33,7 @@ from typing import Callable
 from toolgym.sandbox import SandboxConfig, SandboxError
 from toolgym.tasks import Task
 from toolgym.verifiers.grading import grading_sandbox
+from toolgym.verifiers._grader.records import parse_probe_records
 from toolgym.verifiers.judge import JudgeService, grader_source, judge_service
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
@@ -55,21 +56,6 @@ def parse_junit(xml_text: str) -> list[TestResult]:
         message = "" if bad is None else f"{bad.tag}: {(bad.get('message') or '')[:200]}"
         out.append(TestResult(name=f"{classname}::{name}" if classname else name, passed=bad is None, message=message))
     return out
-
-
-def parse_probe_records(stdout: str) -> dict[str, dict]:
-    """{probe id: record} from the runner's JSON lines; the first well-formed record per id wins
-    and anything else on the stream is ignored."""
-    records: dict[str, dict] = {}
-    for line in stdout.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if (isinstance(rec, dict) and isinstance(rec.get("id"), str) and rec["id"] not in records
-                and (isinstance(rec.get("value"), str) or isinstance(rec.get("error"), str))):
-            records[rec["id"]] = {k: str(rec[k])[:100_000] for k in ("value", "error", "message") if k in rec}
-    return records
 
 
 def count_tests(files: dict[str, str]) -> int:
