@@ -132,3 +132,13 @@ def check(env: str = typer.Argument(..., help="environment id"),
     console.print(f"all {len(results)} checks passed for {full_id(env)}")
 
 
+@app.command()
+def mcp(env_id: str = typer.Argument(..., help="environment id, e.g. shell-ops-v0"),
+        split: Optional[str] = typer.Option(None, help="train or held-out (default: the environment's)")) -> None:
+    """Serve an environment over MCP on stdin/stdout: its tools, plus `reset`, for any MCP client
+    (each call is one environment step; results carry reward, end of episode and side effects)."""
+    try:
+        from toolgym.harness.mcp_server import serve_stdio
+    except ImportError as err:
+        raise CLIError(f"the MCP SDK is missing ({err}): pip install 'toolgym[mcp]'") from None
+    serve_stdio(env_id, split)
