@@ -1,4 +1,5 @@
-"""`toolgym tasks export SUITE --format harbor --out DIR`: tasks in another project's format."""
+"""`toolgym tasks export SUITE --format harbor --out DIR` and `toolgym tasks import DIR`: tasks
+in Harbor's format, both ways."""
 
 from __future__ import annotations
 
@@ -29,7 +30,27 @@ def tasks_export(suite: str = typer.Argument(..., help="registered suite name, o
     tasks = tasks[:limit] if limit > 0 else tasks
     written, skipped = export_tasks(tasks, out, s.name)
     for task_id, why in list(skipped.items())[:5]:
-        console.print(f"skipped {task_id}: {why}")
+        console.print(f"skipped {task_id}: {why}", markup=False, soft_wrap=True)
     console.print(f"wrote {len(written)} Harbor tasks to {out}" + (f"; skipped {len(skipped)}" if skipped else ""))
     if not written:
         raise CLIError("no task of this suite could be exported (see above)")
+
+
+@app.command("tasks-import", hidden=True)
+def tasks_import(directory: Path = typer.Argument(..., help="a directory of Harbor task directories"),
+                 format: str = typer.Option("harbor", "--format", help="harbor (the only format so far)")) -> None:
+    """Check which Harbor tasks in DIR toolgym can play (the directory is then a suite: `--suite
+    DIR` anywhere), and say why each other one cannot."""
+    from toolgym.tasks.harbor import load_harbor_dir
+
+    if format != "harbor":
+        raise CLIError(f"unknown format {format!r}: the one format is harbor")
+    if not directory.is_dir():
+        raise CLIError(f"{directory}: no such directory")
+    tasks, skipped = load_harbor_dir(directory)
+    for name, why in skipped.items():
+        console.print(f"cannot import {name}: {why}", markup=False, soft_wrap=True)
+    console.print(f"{len(tasks)} Harbor tasks import from {directory}" + (f"; {len(skipped)} cannot" if skipped else "")
+                  + (f" (use it as a suite: --suite {directory})" if tasks and not skipped else ""))
+    if not tasks:
+        raise CLIError("no task in this directory can be imported (see above)")

@@ -20,10 +20,10 @@ def main() -> None:
     from toolgym.tasks import SplitLeakError, TaskLoadError
     from toolgym.trainers.memory import TrainingMemoryError
 
-    # `toolgym tasks mine ...` and `tasks export ...` are commands of their own (`tasks SUITE` shows a suite).
+    # `toolgym tasks mine|export|import ...` are commands of their own (`tasks SUITE` shows a suite).
     args = sys.argv[1:]
     for i, arg in enumerate(args[:-1]):
-        if arg == "tasks" and args[i + 1] in ("mine", "export"):
+        if arg == "tasks" and args[i + 1] in ("mine", "export", "import"):
             sys.argv[1 + i:3 + i] = [f"tasks-{args[i + 1]}"]
             break
         if not arg.startswith("-") and args[i - 1:i] not in (["--import"], ["-i"]):

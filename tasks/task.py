@@ -101,11 +101,14 @@ class HiddenSpec(BaseModel):
         process (see `verifiers/package_tests.py` for what this grading does and does not stop).
       - ``score``: the registered scoring function `scorer` (e.g. ``reasoning-gym``) scores the
         submitted answer in [0, 1] with `answer` and `scorer_args` (passed only at 1.0).
+      - ``harbor``: a task imported from Harbor's format: `files` hold its `tests/` and its
+        `environment/Dockerfile`, and its own `tests/test.sh` decides, run as Harbor runs it
+        (`verifiers/harbor.py`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["answer", "tests", "state", "score", "package-tests"] = "answer"
+    kind: Literal["answer", "tests", "state", "score", "package-tests", "harbor"] = "answer"
     answer: str | None = None
     match: Literal["exact", "normalized", "numeric"] = "normalized"
     tolerance: float = 1e-6

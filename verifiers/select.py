@@ -23,6 +23,10 @@ def verifier_for(task: Task, sandbox_config=None):
         return PackageTestVerifier(sandbox_config)
     if task.hidden.kind == "score":
         return ScoreVerifier()
+    if task.hidden.kind == "harbor":
+        from toolgym.verifiers.harbor import HarborVerifier
+
+        return HarborVerifier()
     raise VerifierError(f"no verifier for hidden kind {task.hidden.kind!r}")
 
 
