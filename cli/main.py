@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from toolgym.cli import envs, evaluation, export, mine, sandbox, serve, train  # noqa: F401  (they register their commands)
+from toolgym.cli import envs, evaluation, export, mine, sandbox, serve, train, view  # noqa: F401  (they register their commands)
 from toolgym.cli.app import CLIError, app, err_console
 
 

@@ -11,10 +11,12 @@ python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore 
 # BFCL's data and checkers only (its declared dependencies are API SDKs the checkers never call)
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps bfcl-eval==2026.3.23
 
-# docker: the daemon and debootstrap (the base image is built without a registry).
-if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+# docker: the daemon and debootstrap (the base image is built without a registry); chromium and
+# its driver: the viewer's tests drive a real headless browser.
+if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null || ! command -v chromium >/dev/null \
+        || ! command -v chromedriver >/dev/null; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap chromium chromium-driver >/dev/null
 fi
 if ! docker info >/dev/null 2>&1; then
     (dockerd >/var/log/toolgym-dockerd.log 2>&1 &)

@@ -202,26 +202,33 @@ def curve_table(train: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def audit_indices(rewards: list[float], per_kind: int = 2, seed: int = 0) -> tuple[list[int], list[int]]:
+    """(the `per_kind` highest-reward indices, `per_kind` more drawn at random from the rest):
+    one step's audit sample, the same in audit.md and in `toolgym view`."""
+    import numpy as np
+
+    order = sorted(range(len(rewards)), key=lambda i: -rewards[i])
+    top = order[:per_kind]
+    rest = [i for i in range(len(rewards)) if i not in top]
+    drawn = sorted(np.random.default_rng(seed).choice(rest, size=min(per_kind, len(rest)), replace=False).tolist()) \
+        if rest else []
+    return top, drawn
+
+
 def write_audit(run_dir: Path, per_kind: int = 2, seed: int = 0) -> Path | None:
     """`audit.md`: per RL step, the top-reward rollouts and as many random ones, each as a person
     reads it (instruction, calls, observations, verdict): the manual audit the evaluation
     practice asks for every step. None when the run saved no rollouts."""
-    import numpy as np
-
     from toolgym.harness.trajectory import read_jsonl
 
     files = sorted((run_dir / "rollouts").glob("step-*.jsonl"))
     if not files:
         return None
-    rng = np.random.default_rng(seed)
     lines = ["# Audit sample", "", f"Per RL step: the {per_kind} highest-reward rollouts and {per_kind} drawn at "
              "random (seeded) from the rest. Read them: a high reward for the wrong reason is a reward hack.", ""]
     for path in files:
         trajs = read_jsonl(path)
-        order = sorted(range(len(trajs)), key=lambda i: -trajs[i].reward)
-        top = order[:per_kind]
-        rest = [i for i in range(len(trajs)) if i not in top]
-        drawn = sorted(rng.choice(rest, size=min(per_kind, len(rest)), replace=False).tolist()) if rest else []
+        top, drawn = audit_indices([t.reward for t in trajs], per_kind, seed)
         lines += [f"## {path.stem}", ""]
         for label, picks in (("top reward", top), ("random", drawn)):
             for i in picks:
