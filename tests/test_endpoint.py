@@ -205,6 +205,13 @@ def test_toolgym_serve_records_an_episode_closed_over_http(tmp_path):
         assert httpx.post(f"http://127.0.0.1:{port}/episodes/ep-1/close", json={"reward": 1.0}).json() == {"trajectories": 1}
         row = json.loads((tmp_path / "trajectories.jsonl").read_text().splitlines()[0])
         assert row["reward"] == 1.0 and [s["kind"] for s in row["segments"]][:2] == ["template", "policy"]
+        # the same endpoint serves an evaluation run by toolgym's own OpenAI client
+        from conftest import run_cli
+
+        res = run_cli("eval", "--policy", f"openai:http://127.0.0.1:{port}/episodes/eval/v1#tiny", "--suite", "records",
+                      "--tasks", "2", "--concurrency", "1", "--max-turns", "2", "--out", str(tmp_path / "eval"))
+        assert res.returncode == 0, res.stderr[-500:]
+        assert json.loads((tmp_path / "eval" / "report.json").read_text())["overall"]["episodes"] == 2
     finally:
         proc.terminate()
         proc.wait(timeout=10)
