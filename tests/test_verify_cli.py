@@ -47,7 +47,7 @@ def test_apply_patch_strict():
 
 @pytest.mark.parametrize("env_id", ["code-repair-v0", "shell-ops-v0"])
 def test_check_passes_on_sandboxed_envs(env_id):
-    out = run_cli("check", env_id, "--tasks", "5")
+    out = run_cli("check", env_id, "--tasks", "3")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PASS hacks[train]" in out.stdout and "PASS initial-state[held-out]" in out.stdout
 
