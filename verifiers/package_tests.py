@@ -7,7 +7,7 @@ real test and forge one but not the other. Those results are therefore a require
 the decision alone. Grading has two parts:
 
 1. **Differential checks, decided outside** (`verifiers/differential.py`). First, in a fresh
-   grading sandbox that holds the agent's workspace and no test file at all, a probe process
+   grading sandbox that holds the agent's workspace and none of the hidden tests, a probe process
    calls the agent's function on the inputs recorded at mining time (calls the passing tests
    made, the withheld test's calls, generated inputs) and prints what it observed as plain data.
    The host compares those records with the pristine function's, stored as data in the task and
@@ -124,7 +124,7 @@ class PackageTestVerifier:
         ini = f".toolgym-grade-{secrets.token_hex(5)}/pytest.ini"
         copies = {names[run.file]: hidden.files[run.file] for run in hidden.runs}
         copies[ini] = pytest_ini(hidden.runs[0].pythonpath)
-        # The differential probe runs first, in a sandbox that holds no test at all (a grading
+        # The differential probe runs first, in a sandbox that holds no hidden test (a grading
         # copy's assertions would give its inputs' expected values away); the copies are written
         # only after a reset has removed every trace of the probe.
         probe_command, probe_files_ = probe_files(hidden.differential) if hidden.differential else ("", {})

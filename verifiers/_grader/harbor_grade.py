@@ -9,7 +9,7 @@ spec's pristine copies and files the agent added there are removed; then the tas
 
 - ``state``: the hidden checker runs against the workspace and prints JSON-line results;
 - ``package-tests``: the differential probe calls the agent's function on the recorded inputs
-  (no test file is in the container yet) and the records are compared here, as data, with the
+  (no hidden test file is in the container yet) and the records are compared here, as data, with the
   pristine ones; then each grading copy runs under pytest with the grader's start-up, sentinels
   must fail and every counted test must pass.
 
