@@ -26,6 +26,7 @@ from toolgym.harness.endpoint import Endpoint
 from toolgym.harness.hf_policy import HFPolicy
 from toolgym.harness.policy import Generation, SamplingParams
 from toolgym.harness.tiny import build_tiny_policy
+from toolgym.verifiers import Outcome
 
 CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -70,7 +71,8 @@ def through_endpoint(policy, tokenizer, turns: int, sampling: SamplingParams) ->
 
     endpoint = Endpoint(policy, tokenizer, sampling).start()
     try:
-        client = OpenAI(base_url=endpoint.open_episode(tools=TOOLS), api_key="unused")
+        url = endpoint.open_episode(tools=TOOLS)
+        client = OpenAI(base_url=url, api_key="unused")
         messages = [{"role": "user", "content": "list the files"}]
         start = time.perf_counter()
         for turn in range(turns):
@@ -80,6 +82,8 @@ def through_endpoint(policy, tokenizer, turns: int, sampling: SamplingParams) ->
             messages.append({"role": "tool", "tool_call_id": call_id, "content": "a.txt\nb.txt"})
         per_turn = (time.perf_counter() - start) / turns
         assert endpoint.stats["divergences"] == 0
+        # closed, as a trainer closes it: an episode left open is one a batching policy waits for
+        endpoint.close_episode(url, 0.0, Outcome.FAILED)
         return per_turn
     finally:
         endpoint.close()

@@ -54,7 +54,8 @@ def test_campaign_in_two_fsdp2_processes_matches_one_process_and_resumes(tmp_pat
     def config(name: str, processes: int) -> Path:
         data = {"name": name, "seed": 1, "out_dir": str(tmp_path / name), "processes": processes,
                 "model": {"device": "cpu", "dtype": "fp32"},
-                "envs": [{"env": "records-v0", "suite": "records", "train_tasks": 20, "eval_tasks": 2}],
+                "envs": [{"env": "records-v0", "suite": "records", "train_tasks": 20, "eval_tasks": 1}],
+                "eval": {"base_tasks": 1, "max_turns": 2},
                 "sft": {"steps": 2, "batch_size": 4, "demos_per_suite": 4, "lr": 1e-3},
                 "rl": {"steps": 2, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False,
                        "learner": {"lr": 1e-3, "weight_decay": 0.1, "token_budget": 512, "parallel": "fsdp2"}},

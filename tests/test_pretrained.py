@@ -73,13 +73,13 @@ def test_one_sft_and_one_grpo_step_on_smollm2_with_real_rollouts(tmp_path, smoll
         "name": "smollm2", "seed": 1, "out_dir": str(tmp_path / "run"),
         "model": {"init": "smollm2-135m", "device": "cpu", "dtype": "fp32", "rollout_dtype": "auto",
                   "chat_template": "qwen2.5-compact"},
-        "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 8, "eval_tasks": 2}],
+        "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 8, "eval_tasks": 1}],
         "sft": {"steps": 1, "batch_size": 2, "lr": 1e-4, "demos_per_suite": 2},
         "rl": {"steps": 1, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False,
                "learner": {"lr": 1e-5, "autocast": "auto"}},
         "rollout": {"max_turns": 3, "max_new_tokens": 40, "max_total_tokens": 768, "temperature": 1.0,
                     "concurrency": 8},
-        "eval": {"temperature": 0.0, "base_tasks": 1},
+        "eval": {"temperature": 0.0, "base_tasks": 1, "max_turns": 2},  # the evaluations' path, kept short
         "checkpoint": {"every": 1, "keep": 1},
     }
     path = tmp_path / "campaign.yaml"

@@ -118,7 +118,8 @@ def _small_config(tmp_path, extra=None):
     base = {
         "name": "test", "seed": 3, "out_dir": str(tmp_path / "run"),
         "model": {"init": "tiny"},
-        "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 40, "eval_tasks": 4}],
+        "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 40, "eval_tasks": 2}],
+        "eval": {"base_tasks": 2, "max_turns": 2},
         "sft": {"steps": 2, "batch_size": 4, "demos_per_suite": 8},
         "rl": {"steps": 4, "tasks_per_step": 2, "group_size": 2, "learner": {"lr": 1e-3, "token_budget": 4096}},
         "sampler": {"min_attempts": 2},
