@@ -19,7 +19,7 @@ def tasks_export(suite: str = typer.Argument(..., help="registered suite name, o
                  limit: int = typer.Option(0, help="export at most this many tasks (0: all)")) -> None:
     """Write a suite's tasks in Harbor's task format (instruction.md, task.toml, environment/,
     tests/test.sh with toolgym's grader, solution/solve.sh); tasks that cannot be are listed."""
-    from toolgym.tasks.harbor import export_tasks
+    from toolgym.verifiers.harbor_export import export_tasks
 
     if format != "harbor":
         raise CLIError(f"unknown format {format!r}: the one format is harbor")

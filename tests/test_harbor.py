@@ -10,7 +10,7 @@ import pytest
 import toolgym
 from conftest import run_cli
 from toolgym.tasks import builtin_suite
-from toolgym.tasks.harbor import ExportError, export_task, run_trial
+from toolgym.verifiers.harbor_export import ExportError, export_task, run_trial
 from toolgym.tasks.mined import load_mined_suite
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Any
 
 from toolgym.sandbox import Sandbox
 from toolgym.tasks import DifferentialCase
