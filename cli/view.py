@@ -12,7 +12,7 @@ from toolgym.cli.app import CLIError, app, console
 
 
 @app.command()
-def view(run: Path = typer.Argument(..., help="a run directory (a campaign's out_dir, or an eval's --out)"),
+def view(run: Path = typer.Argument(..., help="a training run directory (a campaign's out_dir)"),
          other: Optional[Path] = typer.Argument(None, help="a second run to compare with"),
          host: str = typer.Option("127.0.0.1", help="address to listen on"),
          port: int = typer.Option(8080, help="port (0: any free one)")) -> None:
