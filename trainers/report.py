@@ -31,16 +31,18 @@ class ReportError(ValueError):
     """The directory is not a training run."""
 
 
-def _evals(run_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
-    """{label: {suite: report.json}} in the order the campaign wrote them."""
+def read_evaluations(run_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """{label: {suite: report.json}} in the order the campaign wrote them (a report still being
+    written is skipped)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     root = run_dir / "eval"
     if root.is_dir():
-        for label_dir in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime):
-            for suite_dir in sorted(label_dir.iterdir()):
-                path = suite_dir / "report.json"
-                if path.exists():
-                    out.setdefault(label_dir.name, {})[suite_dir.name] = json.loads(path.read_text())
+        for label_dir in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime):
+            for suite_dir in sorted(p for p in label_dir.iterdir() if p.is_dir()):
+                try:
+                    out.setdefault(label_dir.name, {})[suite_dir.name] = json.loads((suite_dir / "report.json").read_text())
+                except (OSError, ValueError):
+                    continue
     return out
 
 
@@ -285,7 +287,7 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     if not records:
         raise ReportError(f"{run_dir}: no metrics.jsonl records; is this a `toolgym train` run directory?")
     plots = plot_curves(records, run_dir / "plots")
-    evals = _evals(run_dir)
+    evals = read_evaluations(run_dir)
     labels = list(evals)
     before = next((lbl for lbl in labels if lbl in ("sft", "initial")), labels[0] if labels else None)
     after = "final" if "final" in evals else (labels[-1] if labels else None)

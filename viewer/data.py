@@ -91,17 +91,9 @@ class Run:
 
     def evaluations(self) -> dict[str, dict[str, dict[str, Any]]]:
         """{label: {suite: report.json}} in the order they were written."""
-        out: dict[str, dict[str, dict[str, Any]]] = {}
-        root = self.path / "eval"
-        if root.is_dir():
-            for label in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime):
-                for suite in sorted(p for p in label.iterdir() if p.is_dir()):
-                    report = suite / "report.json"
-                    try:
-                        out.setdefault(label.name, {})[suite.name] = json.loads(report.read_text())
-                    except (OSError, ValueError):
-                        continue
-        return out
+        from toolgym.trainers.report import read_evaluations
+
+        return read_evaluations(self.path)
 
     def steps(self) -> list[str]:
         """Rollout files, oldest step first (relative paths)."""
