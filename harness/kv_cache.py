@@ -148,9 +148,11 @@ class EpisodeKVStore:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, CachedEpisode] = OrderedDict()
         self.nbytes = 0
-        #: Prompt tokens served from the store, and prompt tokens computed: for benchmarks and tests.
+        #: Prompt tokens served from the store, prompt tokens computed, and prompt tokens copied
+        #: from an identical prompt of the same batch: for benchmarks and tests.
         self.reused_tokens = 0
         self.computed_tokens = 0
+        self.deduplicated_tokens = 0
 
     def __len__(self) -> int:
         return len(self._entries)

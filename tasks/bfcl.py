@@ -29,7 +29,7 @@ from toolgym.tasks.suite import HELDOUT, TRAIN, TaskLoadError, TaskSuite
 from toolgym.tasks.task import HiddenSpec, Task, ToolCall
 
 SUITE = "bfcl"
-VERSION = "4"
+VERSION = "5"
 ENV_ID = "toolgym/bfcl-v0"
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 #: One id in this many is held out (by a hash of the id, per category).
@@ -210,11 +210,20 @@ def category_tasks(category: str) -> list[Task]:
     return tasks
 
 
+def mixed_order(tasks: list[Task]) -> list[Task]:
+    """The tasks in an order fixed by a hash of their BFCL ids, so that the first N of a split (a
+    campaign's `eval_tasks`, `demos_per_suite`, `toolgym eval --tasks`) is a mix of every
+    category in about its share, not the first category alone."""
+    def key(task: Task) -> bytes:
+        return hashlib.sha256(f"order:{task.metadata['bfcl_id']}".encode()).digest()
+    return sorted(tasks, key=key)
+
+
 @lru_cache(maxsize=1)
 def load_bfcl() -> TaskSuite:
-    """The five single-turn categories, train and held-out."""
-    return TaskSuite(SUITE, [t for category in CATEGORIES for t in category_tasks(category)], VERSION)
+    """The five single-turn categories, train and held-out, categories mixed (`mixed_order`)."""
+    return TaskSuite(SUITE, mixed_order([t for category in CATEGORIES for t in category_tasks(category)]), VERSION)
 
 
 __all__ = ["CATEGORIES", "ENV_ID", "MODEL_NAME", "SKIPPED", "SUITE", "VERSION", "bfcl_verdict", "call_string",
-           "category_tasks", "checkers", "data_dir", "load_bfcl", "multi_turn_verdict", "oracle_calls", "split_of"]
+           "category_tasks", "checkers", "data_dir", "load_bfcl", "mixed_order", "multi_turn_verdict", "oracle_calls", "split_of"]

@@ -17,12 +17,12 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from toolgym.tasks.bfcl import checkers, call_string, data_dir, multi_turn_verdict, split_of
+from toolgym.tasks.bfcl import checkers, call_string, data_dir, mixed_order, multi_turn_verdict, split_of
 from toolgym.tasks.suite import TaskSuite
 from toolgym.tasks.task import HiddenSpec, Task, ToolCall
 
 SUITE = "bfcl-multi"
-VERSION = "4"
+VERSION = "5"
 ENV_ID = "toolgym/bfcl-multi-v0"
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param")
 SKIPPED: dict[str, int] = {}
@@ -126,7 +126,7 @@ def _call(call: ToolCall) -> str:
 @lru_cache(maxsize=1)
 def load_bfcl_multi() -> TaskSuite:
     """The three multi-turn categories, train and held-out."""
-    return TaskSuite(SUITE, [t for category in CATEGORIES for t in category_tasks(category)], VERSION)
+    return TaskSuite(SUITE, mixed_order([t for category in CATEGORIES for t in category_tasks(category)]), VERSION)
 
 
 __all__ = ["CATEGORIES", "ENV_ID", "SKIPPED", "SUITE", "VERSION", "category_tasks", "instances", "load_bfcl_multi",

@@ -56,6 +56,30 @@ def test_generation_with_a_shared_prefix_equals_each_prompt_alone(tiny_dir):
         assert max(abs(a - b) for a, b in zip(alone.logprobs, g.logprobs)) < 1e-4
 
 
+def test_identical_prompts_are_prefilled_once_and_sample_as_if_alone(tiny_dir):
+    """A GRPO group's samples share one prompt: the batch computes it once, and each row still
+    generates exactly what it generates alone with its own seed (and its own kept episode)."""
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    task_a, task_b = list(range(100, 150)), list(range(100, 120)) + list(range(300, 340))
+    prompts = [task_a, task_b, task_a, task_a, task_b]
+    sampling = [SamplingParams(max_new_tokens=10, temperature=1.0, seed=11 + i) for i in range(5)]
+    before = policy.kv.computed_tokens
+    together = policy.generate_batch(prompts, sampling, [f"ep{i}" for i in range(5)])
+    assert policy.kv.deduplicated_tokens == 2 * len(task_a) + len(task_b)
+    assert policy.kv.computed_tokens - before == len(task_a) + len(task_b) - 20  # their 20 shared tokens once
+    assert len({tuple(g.token_ids) for g in together[0::2]}) > 1  # different seeds, different samples
+    for p, s, g in zip(prompts, sampling, together):
+        alone = policy.generate_batch([p], [s])[0]
+        assert alone.token_ids == g.token_ids
+        assert max(abs(a - b) for a, b in zip(alone.logprobs, g.logprobs)) < 1e-4
+    # each row's episode kept its own keys and values: a second turn continues each one correctly
+    follow = [p + g.token_ids + [7, 8, 9] for p, g in zip(prompts, together)]
+    second = policy.generate_batch(follow, sampling, [f"ep{i}" for i in range(5)])
+    assert policy.kv.reused_tokens > 0
+    for p, s, g in zip(follow, sampling, second):
+        assert policy.generate_batch([p], [s])[0].token_ids == g.token_ids
+
+
 def test_masked_logprobs_equal_the_full_computation(tiny_dir):
     """Computing only the policy positions (the LM head skips the rest) gives the same values and
     gradients as computing every position and masking."""

@@ -135,9 +135,11 @@ def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], 
     cols = ([base] if base else []) + [before, after]
     lines = [f"## Held-out pass@1: {' -> '.join(f'`{c}`' for c in cols)}", "",
              "95% bootstrap CIs over tasks; the same sampling settings at every evaluation. The change "
-             f"`{after}` - `{before}` is paired (the same tasks and sampling seeds in both), in points.", "",
-             "| suite | slice | episodes | " + " | ".join(cols) + f" | {after} - {before} (paired) |",
-             "|---|---|---|" + "---|" * (len(cols) + 1)]
+             f"`{after}` - `{before}` (and `{after}` - `base`) is paired (the same tasks and sampling seeds in both), "
+             "in points.", "",
+             "| suite | slice | episodes | " + " | ".join(cols) + f" | {after} - {before} (paired) |"
+             + (f" {after} - {base} (paired) |" if base else ""),
+             "|---|---|---|" + "---|" * (len(cols) + 1 + bool(base))]
     warnings = []
     for suite in sorted(set(evals[before]) | set(evals.get(after, {}))):
         reports = [evals.get(c, {}).get(suite) for c in cols]
@@ -146,23 +148,29 @@ def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], 
             warnings.append(f"**WARNING: `{suite}`'s evaluations ran under different budgets** ("
                             + "; ".join(f"`{c}`: {(r or {}).get('budget')}" for c, r in zip(cols, reports)) +
                             "): their differences are not the policy's alone.")
-        trajs = {c: _eval_trajectories(run_dir, c, suite) for c in (before, after)}
+        trajs = {c: _eval_trajectories(run_dir, c, suite) for c in ([base] if base else []) + [before, after]}
         fams = sorted(set(evals[before].get(suite, {}).get("by_family", {})) |
                       set(evals.get(after, {}).get(suite, {}).get("by_family", {})))
         for fam in [None, *fams]:
             pick = {c: [t for t in trajs[c] if fam is None or t.family == fam] for c in trajs}
             diff = paired_difference(pick[before], pick[after], seed=0) if pick[before] and pick[after] else None
+            # the base evaluation may cover only the first tasks: paired on the tasks both graded
+            base_diff = paired_difference(pick[base], pick[after], seed=0) if base and pick[base] and pick[after] else None
             ests = [_pass1(evals.get(c, {}).get(suite), fam) for c in cols]
             episodes = len(pick[after]) or (evals.get(after, {}).get(suite, {}).get("overall") or {}).get("episodes", 0)
             lines.append(f"| {suite} | {fam or 'all'} | {episodes} | " + " | ".join(_fmt(e) for e in ests)
-                         + f" | {_points(diff)} |")
+                         + f" | {_points(diff)} |" + (f" {_points(base_diff)} |" if base else ""))
             if fam is None:
                 values = {c: (e or {}).get("value") for c, e in zip(cols, ests)}
                 headline["suites"][suite] = {
                     "base": values.get(base) if base else None, "before": values[before], "after": values[after],
                     "gain_points": None if diff is None or diff.tasks == 0 else diff.value * 100,
                     "gain_ci_points": None if diff is None or diff.tasks == 0 else [diff.low * 100, diff.high * 100],
-                    "episodes": episodes, "labels": cols}
+                    "episodes": episodes, "labels": cols,
+                    "base_gain_points": None if base_diff is None or base_diff.tasks == 0 else base_diff.value * 100,
+                    "base_gain_ci_points": None if base_diff is None or base_diff.tasks == 0 else
+                    [base_diff.low * 100, base_diff.high * 100],
+                    "base_episodes": 0 if base_diff is None else base_diff.tasks}
     return lines + [""] + [w + "\n" for w in warnings]
 
 
@@ -274,7 +282,12 @@ def headline_lines(headline: dict[str, Any]) -> list[str]:
         if n.get("gain_points") is not None:
             lo, hi = n["gain_ci_points"]
             detail = (f" ({names.get(n['labels'][-1], n['labels'][-1])} - {names.get(n['labels'][-2], n['labels'][-2])} "
-                      f"{n['gain_points']:+.1f} points, 95% CI [{lo:+.1f}, {hi:+.1f}], paired; {n['episodes']} episodes)")
+                      f"{n['gain_points']:+.1f} points, 95% CI [{lo:+.1f}, {hi:+.1f}], paired; {n['episodes']} episodes")
+            if n.get("base_gain_points") is not None:
+                blo, bhi = n["base_gain_ci_points"]
+                detail += (f"; {names.get(n['labels'][-1], n['labels'][-1])} - base {n['base_gain_points']:+.1f} points, "
+                           f"95% CI [{blo:+.1f}, {bhi:+.1f}], paired on {n['base_episodes']} episodes")
+            detail += ")"
         out.append(f"{suite} held-out pass@1: {chain}{detail}")
     return out
 

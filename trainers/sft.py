@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -56,7 +57,17 @@ def sft_progress(steps: int, enabled: bool) -> Iterator[Callable[[float], None]]
                TextColumn("loss {task.fields[loss]:.3f}")]
     with Progress(*columns, disable=not enabled) as bar:
         bar_id = bar.add_task("sft", total=steps, loss=float("nan"))
-        yield lambda loss: bar.update(bar_id, advance=1, loss=loss)
+        # not a terminal (a log file, CI): a plain line per step instead of a bar drawn at the end
+        plain = enabled and not bar.console.is_terminal
+        started, done = time.perf_counter(), [0]
+
+        def advance(loss: float) -> None:
+            bar.update(bar_id, advance=1, loss=loss)
+            done[0] += 1
+            if plain:
+                print(f"SFT: {done[0]}/{steps} steps, loss {loss:.3f}, {time.perf_counter() - started:.0f} s", flush=True)
+
+        yield advance
 
 
 __all__ = ["oracle_demonstrations", "sft_batches", "sft_progress"]

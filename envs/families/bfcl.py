@@ -20,6 +20,10 @@ from toolgym.tasks import TRAIN, SuiteSpec, Task, TaskLoadError, register_suite
 from toolgym.tasks.bfcl import SUITE, VERSION, load_bfcl
 
 
+#: What the user message asks besides the question (BFCL's own prompt says the same in its words).
+CALL_RULE = "Answer with the function calls that do this, several at once if needed; call none if none fits."
+
+
 def openapi_schema(bfcl_type: dict[str, Any]) -> dict[str, Any]:
     """One BFCL parameter schema as JSON schema: BFCL's type names (`dict`, `float`, `tuple`,
     `any`, ...) mapped by BFCL's own table, nested `properties` and `items` converted too."""
@@ -91,12 +95,10 @@ class BFCLEnv(BFCLGraded):
         return [tool_schema(f) for f in getattr(self, "functions", [])]
 
     def initial_observation(self) -> str:
-        """The question, then each function's name and description."""
+        """The question and what is asked (the functions themselves are the episode's tools, which
+        the chat template shows once; listing them here again would double the prompt)."""
         assert self.task is not None
-        lines = [self.task.instruction, "", "Functions (call them as <tool_call>{\"name\": ..., \"arguments\": "
-                 "{...}}</tool_call>, several in one turn if needed; call none if none fits):"]
-        lines += [f"- {f['name']}: {f.get('description', '')}" for f in self.functions]
-        return "\n".join(lines)
+        return f"{self.task.instruction}\n\n{CALL_RULE}"
 
     def nothing_solves(self, task: Task) -> bool:
         """Irrelevance entries: making no call is the right answer."""
