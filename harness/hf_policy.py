@@ -24,6 +24,10 @@ from toolgym.harness.prefix import MIN_SHARED, cache_kwarg, common_prefix_length
 from toolgym.harness.sampling import _MASK32, filter_logits, sample_tokens, uniform_draws  # noqa: F401 (re-exported)
 
 
+#: Decoding continues on the unfinished rows alone once at most this share of the batch's rows
+#: still runs (dropping rows copies the cache, so not after every finished row).
+SHRINK_AT = 0.5
+
 #: A prefill chunk takes rows up to this many times its shortest row's new tokens (see
 #: `HFPolicy._forward_by_length`): padding wastes at most a fifth of a chunk's compute.
 PAD_SLACK = 1.25
@@ -135,6 +139,9 @@ class HFPolicy:
         #: longest; `share_identical_prompts`: identical fresh prompts are computed once.
         self.chunk_prefill = True
         self.share_identical_prompts = True
+        #: Decoding drops rows that are done once few enough still run (`SHRINK_AT`), instead of
+        #: computing every row until the batch's longest generation ends.
+        self.shrink_batch = True
         layers, heads, dim = _kv_shape(self.model)
         self._kv_token_bytes = 2 * layers * heads * dim * torch.finfo(dtype).bits // 8
         self.batch_bytes = int(batch_gb * 2**30)
@@ -363,18 +370,22 @@ class HFPolicy:
             layer.advance(width)
         return _Logits(logits)
 
-    def _keep(self, pre: _Prefill, prompts: list[list[int]], keys: list[str | None], generated: list[list[int]]) -> None:
-        """Store each episode's keys and values for its next turn: the prompt and every
-        generated token but the last (whose keys were never computed)."""
-        for i, key in enumerate(keys):
-            if key is None or not generated[i]:
+    def _keep_rows(self, pre: _Prefill, prompts: list[list[int]], keys: list[str | None], tokens: torch.Tensor,
+                   lengths: torch.Tensor, live: torch.Tensor, batch_rows: list[int]) -> None:
+        """Store the episodes of the cache's rows `batch_rows` (original rows `live[b]`) for their
+        next turn: the prompt and every generated token but the last (whose keys were never
+        computed)."""
+        for b in batch_rows:
+            i = int(live[b])
+            length = int(lengths[i])
+            if keys[i] is None or length == 0:
                 continue
-            fed = len(generated[i]) - 1
+            fed = length - 1
             cols = torch.cat([torch.arange(pre.past[i]), torch.arange(pre.width - pre.new[i], pre.width + fed)])
             cols = cols.to(self.device)
-            rows = [layer.read(i, cols) for layer in pre.cache.layers]
-            self.kv.put(key, CachedEpisode(tokens=prompts[i] + generated[i][:fed],
-                                           keys=[k for k, _ in rows], values=[v for _, v in rows]))
+            rows = [layer.read(b, cols) for layer in pre.cache.layers]
+            self.kv.put(keys[i], CachedEpisode(tokens=prompts[i] + tokens[i, :fed].tolist(),
+                                               keys=[k for k, _ in rows], values=[v for _, v in rows]))
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Replace the weights (a trainer's push) once the running batch is done; later turns
@@ -429,26 +440,40 @@ class HFPolicy:
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         pre = self._prefill(prompts, episodes, max_new)
         out, pos = pre.out, pre.positions
+        # the batch's rows still decoding, as original row numbers (row b of the cache is live[b])
+        live = torch.arange(n, device=dev)
         # asking "all done?" syncs with the device: on CPU it is free, on an accelerator batch it
         sync_every = 1 if torch.device(dev).type == "cpu" else SYNC_EVERY
         for step in range(max_new):
             logits = out.logits[:, -1, :].float()
-            tok = sample_tokens(logits, temperature, top_k, top_p, seeds, step)
-            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-            active = ~done
-            tokens[:, step] = tok
-            logps[:, step] = torch.log_softmax(logits, dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
-            lengths += active.long()
-            hit_stop = active & (tok.unsqueeze(1) == stops).any(dim=1)
-            stopped |= hit_stop
-            done |= hit_stop | (lengths >= limit)
+            tok = sample_tokens(logits, temperature[live], top_k[live], top_p[live], seeds[live], step)
+            finished = done[live]
+            tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
+            active = ~finished
+            tokens[live, step] = tok
+            logps[live, step] = torch.log_softmax(logits, dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
+            lengths[live] += active.long()
+            hit_stop = active & (tok.unsqueeze(1) == stops[live]).any(dim=1)
+            stopped[live] |= hit_stop
+            done[live] |= hit_stop | (lengths[live] >= limit[live])
             if step == max_new - 1 or (step % sync_every == sync_every - 1 and bool(done.all())):
                 break
+            if self.shrink_batch and step % sync_every == sync_every - 1:
+                running = ~done[live]
+                if int(running.sum()) <= SHRINK_AT * len(live):
+                    # most rows are done: store the finished rows' episodes, then decode only the rest
+                    finished_rows = (~running).nonzero().squeeze(1)
+                    self._keep_rows(pre, prompts, episodes, tokens, lengths, live, finished_rows.tolist())
+                    keep = running.nonzero().squeeze(1)
+                    for layer in pre.cache.layers:
+                        layer.key_buffer, layer.value_buffer = layer.key_buffer[keep], layer.value_buffer[keep]
+                        layer.advance(layer.length)
+                    pre.attention, pos, tok, live = pre.attention[keep], pos[keep], tok[keep], live[keep]
             pos = pos[:, -1:] + 1
             out = self._forward(tok.unsqueeze(1), pre.attention[:, : pre.width + step + 1], pos, pre.cache)
+        self._keep_rows(pre, prompts, episodes, tokens, lengths, live, list(range(len(live))))
         tokens_h, logps_h = tokens.tolist(), logps.tolist()
         lengths_h, stopped_h = lengths.tolist(), stopped.tolist()
         generated = [tokens_h[i][: lengths_h[i]] for i in range(n)]
-        self._keep(pre, prompts, episodes, generated)
         return [Generation(token_ids=generated[i], logprobs=logps_h[i][: lengths_h[i]],
                            finish_reason="stop" if stopped_h[i] else "length") for i in range(n)]

@@ -220,7 +220,9 @@ def test_multi_turn_verdicts_are_bfcls(multi, category):
 
 
 def test_multi_turn_calls_run_methods_and_the_next_request_arrives_as_a_user_message(multi):
-    task = next(t for t in multi.tasks if t.family == "multi_turn_miss_func")
+    # a miss_func entry whose first turn calls something and whose second request is a message
+    task = next(t for t in multi.tasks if t.family == "multi_turn_miss_func" and "<tool_call>" in t.oracle_turns()[0]
+                and t.hidden.scorer_args["entry"]["question"][1])
     env = toolgym.make("bfcl-multi-v0").unwrapped
     env.reset(options={"task": task})
     obs, _, terminated, _, info = env.step(task.oracle_turns()[0])

@@ -80,6 +80,36 @@ def test_identical_prompts_are_prefilled_once_and_sample_as_if_alone(tiny_dir):
         assert policy.generate_batch([p], [s])[0].token_ids == g.token_ids
 
 
+def test_rows_done_early_leave_the_batch_and_keep_their_episodes(tiny_dir):
+    """Once most rows are done the batch decodes only the rest: every row still generates what it
+    generates alone, and a row dropped early continues its episode from its kept cache."""
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    prompts = [list(range(100 + i, 140 + 3 * i)) for i in range(6)]
+    budgets = [2, 3, 4, 16, 16, 5]
+    sampling = [SamplingParams(max_new_tokens=b, temperature=1.0, seed=40 + i) for i, b in enumerate(budgets)]
+    shrinks = []
+    original = policy._keep_rows
+
+    def spy(pre, prompts_, keys, tokens, lengths, live, batch_rows):
+        shrinks.append(len(live))
+        return original(pre, prompts_, keys, tokens, lengths, live, batch_rows)
+
+    policy._keep_rows = spy
+    together = policy.generate_batch(prompts, sampling, [f"ep{i}" for i in range(6)])
+    assert shrinks[0] == 6 and shrinks[-1] < 6  # dropped rows were stored, then the batch went on smaller
+    assert [len(g.token_ids) for g in together] == [min(b, len(g.token_ids)) for b, g in zip(budgets, together)]
+    for p, s, g in zip(prompts, sampling, together):
+        alone = policy.generate_batch([p], [s])[0]
+        assert alone.token_ids == g.token_ids
+        assert max(abs(a - b) for a, b in zip(alone.logprobs, g.logprobs)) < 1e-4
+    follow = [p + g.token_ids + [5, 6] for p, g in zip(prompts, together)]
+    reused = policy.kv.reused_tokens
+    second = policy.generate_batch(follow, sampling, [f"ep{i}" for i in range(6)])
+    assert policy.kv.reused_tokens - reused == sum(len(p) + len(g.token_ids) - 1 for p, g in zip(prompts, together))
+    for p, s, g in zip(follow, sampling, second):
+        assert policy.generate_batch([p], [s])[0].token_ids == g.token_ids
+
+
 def test_masked_logprobs_equal_the_full_computation(tiny_dir):
     """Computing only the policy positions (the LM head skips the rest) gives the same values and
     gradients as computing every position and masking."""

@@ -1,7 +1,7 @@
-"""What the prefill savers are worth on real agent prompts: chunks of similar length, and
-identical prompts computed once.
+"""What the batch's padding savers are worth on real agent prompts: prefill in chunks of similar
+length, identical prompts computed once, and decoding that drops the rows already done.
 
-Two batches of real prompts, each run both ways side by side in one run (interleaved, best of
+Three batches of real prompts, each run both ways side by side in one run (interleaved, best of
 `--repeats`), on SmolLM2-135M-Instruct in the dtype the hardware computes fastest:
 
 - **mixed lengths**: `--rows` BFCL held-out prompts (its function lists make prompts of about
@@ -10,11 +10,15 @@ Two batches of real prompts, each run both ways side by side in one run (interle
   (`HFPolicy.chunk_prefill`).
 - **a GRPO step**: `--tasks` BFCL train prompts, each `--group` times (a group's samples share
   their prompt). Each row computed: `share_identical_prompts` off; shared: each prompt once.
+- **answers of different lengths**: the `--rows` held-out prompts, row i allowed between 16 and
+  128 new tokens (spread evenly, as a BFCL evaluation's answers are: most short, some long).
+  Every row decoded until the longest is done (`shrink_batch` off) vs the rows still running only,
+  once at most half are (on).
 
-Each batch generates `--new` tokens per row (greedy, no stop), so the decoding steps that follow
-are counted too; the figure is prompt tokens per second of the whole call, and the ratio.
+The first two generate `--new` tokens per row (greedy, no stop); their figure is prompt tokens per
+second of the whole call. The third's is new tokens per second. Each line gives the ratio.
 
-    python bench/prefill.py [--rows 64] [--tasks 8] [--group 6] [--new 16] [--repeats 2]
+    python bench/padding.py [--rows 64] [--tasks 8] [--group 6] [--new 16] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -46,16 +50,18 @@ def bfcl_prompts(tokenizer, split: str, count: int) -> list[list[int]]:
     return out
 
 
-def timed(policy: HFPolicy, prompts: list[list[int]], new: int) -> float:
-    """Seconds for one `generate_batch` of `prompts` (greedy, exactly `new` tokens each)."""
+def timed(policy: HFPolicy, prompts: list[list[int]], new: int | list[int]) -> float:
+    """Seconds for one `generate_batch` of `prompts` (greedy, exactly `new` tokens each, or
+    `new[i]` for row i)."""
     vocab = policy.model.config.vocab_size
-    sampling = [SamplingParams(max_new_tokens=new, temperature=0.0, stop_token_ids=(vocab + 7,)) for _ in prompts]
+    budgets = new if isinstance(new, list) else [new] * len(prompts)
+    sampling = [SamplingParams(max_new_tokens=b, temperature=0.0, stop_token_ids=(vocab + 7,)) for b in budgets]
     start = time.perf_counter()
     policy.generate_batch(prompts, sampling)
     return time.perf_counter() - start
 
 
-def compare(policy: HFPolicy, prompts: list[list[int]], new: int, repeats: int, switch: str) -> dict:
+def compare(policy: HFPolicy, prompts: list[list[int]], new: int | list[int], repeats: int, switch: str) -> dict:
     """Best-of-`repeats` seconds with `policy.<switch>` off and on, interleaved."""
     best = {"off": float("inf"), "on": float("inf")}
     for _ in range(repeats):
@@ -63,8 +69,8 @@ def compare(policy: HFPolicy, prompts: list[list[int]], new: int, repeats: int, 
             setattr(policy, switch, state == "on")
             best[state] = min(best[state], timed(policy, prompts, new))
     setattr(policy, switch, True)
-    tokens = sum(len(p) for p in prompts)
-    return {"rows": len(prompts), "prompt_tokens": tokens, "longest": max(len(p) for p in prompts),
+    tokens = sum(new) if isinstance(new, list) else sum(len(p) for p in prompts)
+    return {"rows": len(prompts), "tokens": tokens, "longest": max(len(p) for p in prompts),
             "seconds_off": best["off"], "seconds_on": best["on"], "tokens_per_s_off": tokens / best["off"],
             "tokens_per_s_on": tokens / best["on"], "speedup": best["off"] / best["on"]}
 
@@ -77,7 +83,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=6)
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", default="runs/bench/prefill.json")
+    parser.add_argument("--out", default="runs/bench/padding.json")
     args = parser.parse_args()
     precision = choose_bf16("auto", "cpu")
     policy = HFPolicy("smollm2-135m", device="cpu", dtype=precision.dtype, max_batch=1024, batch_gb=16)
@@ -85,15 +91,21 @@ def main() -> None:
     print(f"{cpu_description()}; {precision.dtype} ({precision.reason})", flush=True)
     mixed = compare(policy, bfcl_prompts(policy.tokenizer, "held-out", args.rows), args.new, args.repeats,
                     "chunk_prefill")
-    print(f"mixed lengths, {mixed['rows']} BFCL prompts ({mixed['prompt_tokens']} tokens, longest {mixed['longest']}): "
+    print(f"mixed lengths, {mixed['rows']} BFCL prompts ({mixed['tokens']} tokens, longest {mixed['longest']}): "
           f"padded {mixed['tokens_per_s_off']:.0f} tok/s, chunked {mixed['tokens_per_s_on']:.0f} tok/s, "
           f"{mixed['speedup']:.2f}x", flush=True)
     group = [p for p in bfcl_prompts(policy.tokenizer, "train", args.tasks) for _ in range(args.group)]
     grpo = compare(policy, group, args.new, args.repeats, "share_identical_prompts")
     print(f"GRPO step, {args.tasks} prompts x {args.group}: each row computed {grpo['tokens_per_s_off']:.0f} tok/s, "
           f"each prompt once {grpo['tokens_per_s_on']:.0f} tok/s, {grpo['speedup']:.2f}x", flush=True)
+    held_out = bfcl_prompts(policy.tokenizer, "held-out", args.rows)
+    budgets = [16 + (i * 37) % 113 for i in range(len(held_out))]
+    ragged = compare(policy, held_out, budgets, args.repeats, "shrink_batch")
+    print(f"answers of 16-128 tokens, {len(held_out)} rows ({ragged['tokens']} new tokens): every row to the end "
+          f"{ragged['tokens_per_s_off']:.0f} new tok/s, the running rows only {ragged['tokens_per_s_on']:.0f} new tok/s, "
+          f"{ragged['speedup']:.2f}x", flush=True)
     write_results(args.out, {"cpu": cpu_description(), "dtype": precision.dtype, "new_tokens": args.new,
-                             "mixed_lengths": mixed, "grpo_step": grpo})
+                             "mixed_lengths": mixed, "grpo_step": grpo, "ragged_answers": ragged})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+"""The campaign report's headline: base -> SFT -> final, each change paired on the tasks both graded."""
+
+import json
+import time
+
+import toolgym
+from toolgym.harness import FixedAgent, OracleAgent, RolloutRunner
+from toolgym.harness.evaluate import evaluate, write_report as write_eval_report
+from toolgym.harness.trajectory import write_jsonl
+from toolgym.tasks import builtin_suite
+from toolgym.trainers.report import write_report
+
+
+def _evaluation(run_dir, label, agent, tasks):
+    runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, progress=False, concurrency=4)
+    try:
+        trajs = runner.run(tasks)
+    finally:
+        runner.close()
+    out = run_dir / "eval" / label / "records"
+    write_jsonl(trajs, out / "trajectories.jsonl")
+    write_eval_report(evaluate(trajs, [1], policy=label, suite="records", suite_version="1", split="held-out",
+                               seed=0, samples_per_task=1), out)
+    time.sleep(0.02)  # the report orders evaluations by their directories' times
+
+
+def test_headline_pairs_final_with_sft_and_with_base_on_the_tasks_base_saw(tmp_path):
+    tasks = builtin_suite("records").split("held-out").tasks[:8]
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "sft", "step": 1, "time": 0.0, "sft_loss": 1.0, "sft_token_accuracy": 0.5}) + "\n")
+    _evaluation(tmp_path, "base", FixedAgent("I do not know."), tasks[:4])  # the base run sees the first 4 only
+    _evaluation(tmp_path, "sft", FixedAgent("I do not know."), tasks)
+    _evaluation(tmp_path, "final", OracleAgent(), tasks)
+    headline = write_report(tmp_path)
+    suite = headline["suites"]["records"]
+    assert suite["base"] == 0.0 and suite["before"] == 0.0 and suite["after"] == 1.0
+    assert suite["gain_points"] == 100.0 and suite["episodes"] == 8
+    assert suite["base_gain_points"] == 100.0 and suite["base_episodes"] == 4
+    line = headline["lines"][0]
+    assert line.startswith("records held-out pass@1: base 0.000 -> SFT 0.000 -> final 1.000 (final - SFT +100.0")
+    assert "final - base +100.0 points" in line and "paired on 4 episodes" in line
+    assert "final - base (paired)" in (tmp_path / "report.md").read_text()
