@@ -135,8 +135,8 @@ def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], 
     cols = ([base] if base else []) + [before, after]
     lines = [f"## Held-out pass@1: {' -> '.join(f'`{c}`' for c in cols)}", "",
              "95% bootstrap CIs over tasks; the same sampling settings at every evaluation. The change "
-             f"`{after}` - `{before}` (and `{after}` - `base`) is paired (the same tasks and sampling seeds in both), "
-             "in points.", "",
+             f"`{after}` - `{before}`" + (f" (and `{after}` - `base`)" if base else "") + " is paired (the same tasks and "
+             "sampling seeds in both), in points.", "",
              "| suite | slice | episodes | " + " | ".join(cols) + f" | {after} - {before} (paired) |"
              + (f" {after} - {base} (paired) |" if base else ""),
              "|---|---|---|" + "---|" * (len(cols) + 1 + bool(base))]
