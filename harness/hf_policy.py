@@ -333,7 +333,7 @@ class HFPolicy:
 
         In one forward every row is padded to the longest prompt: with tool lists of a few
         hundred to several hundred tokens, most of a batch's prefill compute went to pads
-        (measured on BFCL: 42k padded positions for 18k real tokens). Each chunk runs only to its
+        (64 BFCL held-out prompts: 44.5k padded positions for 15.7k real tokens). Each chunk runs only to its
         own longest row, on a small cache holding the rows' past, and its keys and values are
         copied into the batch's cache at the columns the single forward would have written
         (positions are explicit, so a key does not depend on its column)."""
