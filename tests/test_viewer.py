@@ -50,6 +50,16 @@ def browser():
     driver.quit()
 
 
+def _click_and_wait_for_the_next_page(browser, element):
+    """Click a link or submit button and wait until the old page is gone: reading the page at
+    once could read the old one, whose elements then turn stale mid-read."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    element.click()
+    WebDriverWait(browser, 30).until(expected_conditions.staleness_of(element))
+
+
 def test_the_viewer_in_a_real_browser(run_dir, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -66,7 +76,7 @@ def test_the_viewer_in_a_real_browser(run_dir, browser, tmp_path):
         rows = [json.loads(line) for line in last.read_text().splitlines()]
         assert len(browser.find_elements(By.CSS_SELECTOR, "tr.row")) == len(rows) > 0
         Select(browser.find_element(By.NAME, "family")).select_by_index(1)  # the first family present
-        browser.find_element(By.ID, "apply").click()
+        _click_and_wait_for_the_next_page(browser, browser.find_element(By.ID, "apply"))
         picked = browser.find_element(By.NAME, "family").get_attribute("value")
         cells = [r.find_elements(By.TAG_NAME, "td")[3].text for r in browser.find_elements(By.CSS_SELECTOR, "tr.row")]
         assert cells and set(cells) == {picked} and len(cells) == sum(r["family"] == picked for r in rows)
@@ -80,7 +90,7 @@ def test_the_viewer_in_a_real_browser(run_dir, browser, tmp_path):
             == {"top reward", "random"}
         browser.save_screenshot(str(tmp_path / "rollouts.png"))
 
-        browser.find_elements(By.CSS_SELECTOR, "a.episode")[0].click()
+        _click_and_wait_for_the_next_page(browser, browser.find_elements(By.CSS_SELECTOR, "a.episode")[0])
         source = browser.current_url.split("source=")[1].split("&")[0]
         index = int(browser.current_url.split("i=")[1].split("&")[0])
         traj = json.loads((run_dir / source).read_text().splitlines()[index])
