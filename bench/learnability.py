@@ -1,8 +1,8 @@
 """The learnability sampler vs uniform sampling: the same campaign budget, several seeds.
 
-Both arms start from one SFT checkpoint of the main job's model (SmolLM2-135M, SFT on records
-oracle demonstrations, made once here) and run the same number of GRPO steps with the same
-tasks per step, G, learning rate and seeds; only `sampler.kind` differs. Measured per arm:
+Both arms start from one SFT checkpoint of the records recipe (`examples/records.yaml`:
+SmolLM2-135M, SFT on records oracle demonstrations, made once here) and run the same number of
+GRPO steps with the same tasks per step, G, learning rate and seeds; only `sampler.kind` differs. Measured per arm:
 
 - a fixed probe of train tasks (2 samples of each of the first `--probe` train tasks at the
   rollout temperature, the same seeds for every arm) every `--probe-every` steps, as a function of rollouts spent: rollouts needed to
@@ -32,17 +32,17 @@ from toolgym.harness.eval_run import run_eval  # noqa: E402
 from toolgym.trainers.campaign import Campaign  # noqa: E402
 from toolgym.trainers.config import CampaignConfig, load_config  # noqa: E402
 
-DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
+RECORDS_RECIPE = Path(__file__).resolve().parent.parent / "examples" / "records.yaml"
 
 
-def demo_config(out_dir: Path, **overrides) -> CampaignConfig:
-    """The main job's config with `overrides` (dotted keys) applied."""
-    return load_config(DEMO, {"out_dir": str(out_dir), **overrides})
+def recipe_config(out_dir: Path, **overrides) -> CampaignConfig:
+    """The records recipe (examples/records.yaml) with `overrides` (dotted keys) applied."""
+    return load_config(RECORDS_RECIPE, {"out_dir": str(out_dir), **overrides})
 
 
 def sft_checkpoint(out_dir: Path) -> Path:
-    """The main job's SFT stage, once: its exported model directory."""
-    Campaign(demo_config(out_dir, **{"eval.base_tasks": 0, "envs.0.eval_tasks": 1}), progress=False).run(sft_only=True)
+    """The records recipe's SFT stage, once: its exported model directory."""
+    Campaign(recipe_config(out_dir, **{"eval.base_tasks": 0, "envs.0.eval_tasks": 1}), progress=False).run(sft_only=True)
     return out_dir / "sft-model"
 
 
@@ -58,7 +58,7 @@ def probe(campaign: Campaign, tasks: int, out: Path) -> float:
 
 def arm(kind: str, seed: int, init: Path, args: argparse.Namespace, out_dir: Path) -> dict:
     """One campaign with sampler `kind`: probe curve, held-out pass@1, gradient share."""
-    config = demo_config(out_dir, **{"model.init": str(init), "sft.steps": 0, "eval.base_tasks": 0, "seed": seed,
+    config = recipe_config(out_dir, **{"model.init": str(init), "sft.steps": 0, "eval.base_tasks": 0, "seed": seed,
                                      "sampler.kind": kind, "rl.steps": args.steps, "rollout.save": False,
                                      "envs.0.eval_tasks": args.heldout, "checkpoint.every": 10_000})
     campaign = Campaign(config, progress=False)

@@ -216,9 +216,11 @@ class HFPolicy:
         others = sorted(range(1, len(self._pending)), key=lambda i: abs(size(self._pending[i]) - size(oldest)))
         chosen, longest = [0], size(oldest)
         for i in others:
+            if len(chosen) >= self.max_batch:
+                break
             longest_next = max(longest, size(self._pending[i]))
-            if len(chosen) >= self.max_batch or (len(chosen) + 1) * longest_next * self._kv_token_bytes > self.batch_bytes:
-                continue
+            if (len(chosen) + 1) * longest_next * self._kv_token_bytes > self.batch_bytes:
+                continue  # too wide with this one; a closer-length one further on may still fit
             chosen.append(i)
             longest = longest_next
         taken = set(chosen)
@@ -284,8 +286,7 @@ class HFPolicy:
         pre = self._prefill_rows([prompts[i] for i in run], [entries[i] for i in run], max_new)
         index = torch.tensor([run.index(i) for i in source], device=self.device)
         for layer in pre.cache.layers:
-            layer.key_buffer, layer.value_buffer = layer.key_buffer[index], layer.value_buffer[index]
-            layer.advance(layer.length)
+            layer.select_rows(index)
         self.kv.deduplicated_tokens += sum(len(prompts[i]) for i in range(len(prompts)) if source[i] != i)
         return _Prefill(_Logits(pre.out.logits[index]), pre.attention[index], pre.positions[index],
                         pre.cache, [pre.past[j] for j in index.tolist()], [pre.new[j] for j in index.tolist()],
@@ -466,8 +467,7 @@ class HFPolicy:
                     self._keep_rows(pre, prompts, episodes, tokens, lengths, live, finished_rows.tolist())
                     keep = running.nonzero().squeeze(1)
                     for layer in pre.cache.layers:
-                        layer.key_buffer, layer.value_buffer = layer.key_buffer[keep], layer.value_buffer[keep]
-                        layer.advance(layer.length)
+                        layer.select_rows(keep)
                     pre.attention, pos, tok, live = pre.attention[keep], pos[keep], tok[keep], live[keep]
             pos = pos[:, -1:] + 1
             out = self._forward(tok.unsqueeze(1), pre.attention[:, : pre.width + step + 1], pos, pre.cache)

@@ -86,6 +86,12 @@ class BufferLayer(DynamicLayer):
         keys = self.key_buffer[row][..., cols].transpose(1, 2) if self.keys_transposed else self.key_buffer[row][:, cols]
         return keys.contiguous(), self.value_buffer[row][:, cols]
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` picks, in its order (a row may repeat): identical prompts
+        prefilled once fan out to every copy; a batch drops the rows that are done."""
+        self.key_buffer, self.value_buffer = self.key_buffer[index], self.value_buffer[index]
+        self.advance(self.length)
+
     def advance(self, length: int) -> None:
         """Mark the first `length` columns as filled (after `write`)."""
         self.length = length

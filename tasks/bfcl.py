@@ -69,7 +69,7 @@ def checkers() -> tuple[Any, Any, Any]:
         from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
         from bfcl_eval.utils import is_empty_output
     except ImportError as err:
-        raise TaskLoadError(f"bfcl-eval is not installed ({err}): pip install --no-deps bfcl-eval") from err
+        raise TaskLoadError(f"bfcl-eval is not installed ({err}): pip install --no-deps bfcl-eval==2026.3.23") from err
     return ast_checker, is_empty_output, Language
 
 
@@ -134,7 +134,7 @@ def data_dir() -> Path:
     try:
         import bfcl_eval
     except ImportError:
-        raise TaskLoadError("the bfcl suite needs the bfcl-eval package: pip install --no-deps bfcl-eval") from None
+        raise TaskLoadError("the bfcl suite needs the bfcl-eval package: pip install --no-deps bfcl-eval==2026.3.23") from None
     return Path(bfcl_eval.__file__).parent / "data"
 
 
