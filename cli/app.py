@@ -32,13 +32,15 @@ def _imports() -> tuple[str, ...]:
 
 
 def load_suite(name_or_path: str):
-    """A registered suite name or a path to a suite directory / JSONL file."""
+    """A registered suite name or a path to a suite directory / JSONL file. A bare registered name
+    is the registered suite even where a file or folder of that name sits in the current
+    directory (a run or data folder called `bfcl` must not shadow BFCL); `./NAME` is the path."""
     from toolgym.tasks import TaskSuite, builtin_suite, suite_specs
 
-    if Path(name_or_path).exists():
-        return TaskSuite.load(name_or_path)
     if name_or_path in suite_specs():
         return builtin_suite(name_or_path)
+    if Path(name_or_path).exists():
+        return TaskSuite.load(name_or_path)
     known = ", ".join(sorted(suite_specs())) or "(none)"
     raise CLIError(f"no suite {name_or_path!r}: not a path, and registered suites are: {known}")
 

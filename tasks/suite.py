@@ -204,6 +204,9 @@ class TaskSuite:
             hidden["files"] = _read_tree(folder / "hidden")
             data["hidden"] = hidden
             tasks.append(task_from_dict(data, str(task_file)))
+        if not tasks and not (root / "suite.yaml").exists():
+            raise TaskLoadError(f"{root}: not a suite (no suite.yaml and no task folder); "
+                                "`toolgym tasks SUITE --save DIR` writes one")
         order = {tid: i for i, tid in enumerate(header.get("order") or [])}
         tasks.sort(key=lambda t: order.get(t.id, len(order)))  # saved order; hand-made folders last
         return cls(header.get("name", root.name), tasks, str(header.get("version", "1")))

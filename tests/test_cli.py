@@ -29,6 +29,16 @@ def test_tasks_save_and_reload(tmp_path):
     assert out.returncode == 0 and "1000 tasks" in out.stdout
 
 
+def test_a_folder_named_like_a_registered_suite_does_not_shadow_it(tmp_path, monkeypatch):
+    (tmp_path / "records").mkdir()  # e.g. a run or data folder of that name where the user stands
+    (tmp_path / "records" / "notes.txt").write_text("not a suite\n")
+    monkeypatch.chdir(tmp_path)
+    out = run_cli("tasks", "records", "--limit", "1")
+    assert out.returncode == 0 and "suite records v1: 1200 tasks" in out.stdout, out.stderr
+    out = run_cli("tasks", "./records")  # the path, when asked for by path
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("args, needle", [
     (("tasks", "nope"), "no suite 'nope'"),
     (("tasks", "records", "--split", "dev"), "has no split 'dev'"),
