@@ -28,6 +28,9 @@ from toolgym.harness.trajectory import Segment, Trajectory, TurnRecord
 from toolgym.tasks import Task
 from toolgym.verifiers import FinalState, Outcome, Verdict, verifier_for
 
+#: Off a terminal, the longest stretch without a progress line (seconds).
+PLAIN_PROGRESS_S = 30.0
+
 
 class RolloutLimits(BaseModel):
     """Per-episode limits."""
@@ -230,7 +233,7 @@ class RolloutRunner:
         with Progress(*columns, disable=not self.progress, transient=False) as bar:
             bar_id = bar.add_task(label, total=len(jobs), passed=0)
             passed = [0]
-            # not a terminal (a log file, CI): a plain line every tenth of the work or 30 s instead
+            # not a terminal (a log file, CI): a plain line every tenth of the work or PLAIN_PROGRESS_S instead
             plain = self.progress and not bar.console.is_terminal
             started, last = time.perf_counter(), [time.perf_counter()]
             done = [0]
@@ -247,11 +250,27 @@ class RolloutRunner:
                 bar.update(bar_id, advance=1, passed=passed[0])
                 done[0] += 1
                 now = time.perf_counter()
-                if plain and (done[0] % max(1, len(jobs) // 10) == 0 or now - last[0] > 30 or done[0] == len(jobs)):
+                if plain and (done[0] % max(1, len(jobs) // 10) == 0 or now - last[0] > PLAIN_PROGRESS_S
+                              or done[0] == len(jobs)):
                     last[0] = now
                     print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s", flush=True)
 
-            await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs)))
+            async def heartbeat() -> None:
+                # the first episodes of a big batch end together, minutes in: say it is alive meanwhile
+                while True:
+                    await asyncio.sleep(PLAIN_PROGRESS_S)
+                    now = time.perf_counter()
+                    if now - last[0] >= PLAIN_PROGRESS_S:
+                        last[0] = now
+                        print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s",
+                              flush=True)
+
+            beat = asyncio.create_task(heartbeat()) if plain else None
+            try:
+                await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs)))
+            finally:
+                if beat is not None:
+                    beat.cancel()
         return results
 
     async def arun(self, tasks: list[Task], seed: int = 0, seeds: list[int] | None = None) -> list[Trajectory]:

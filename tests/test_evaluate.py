@@ -32,6 +32,28 @@ def _runner(agent, **kw):
     return RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, progress=False, **kw)
 
 
+def test_progress_off_a_terminal_says_it_is_alive_before_any_episode_ends(capsys, monkeypatch):
+    """Written to a log (not a terminal), a run whose episodes all end late still prints a line
+    every PLAIN_PROGRESS_S, not silence until the first episode ends."""
+    import asyncio
+
+    from toolgym.harness import rollout
+
+    class SlowOracle(OracleAgent):
+        async def respond(self, messages, tools, task):
+            await asyncio.sleep(1.0)
+            return await super().respond(messages, tools, task)
+
+    monkeypatch.setattr(rollout, "PLAIN_PROGRESS_S", 0.2)
+    tasks = builtin_suite("records").split("held-out").tasks[:2]
+    runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, SlowOracle(), progress=True)
+    trajs = runner.run(tasks)
+    lines = capsys.readouterr().out.splitlines()
+    assert all(t.outcome == Outcome.PASSED for t in trajs)
+    assert any(line.startswith("rollouts: 0/2 done, 0 passed") for line in lines), lines
+    assert any(line.startswith("rollouts: 2/2 done, 2 passed") for line in lines)
+
+
 def test_oracle_eval_and_ci():
     tasks = builtin_suite("records").split("held-out").tasks[:12]
     trajs = _runner(OracleAgent(), group_size=2).run(tasks)
