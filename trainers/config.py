@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from toolgym.trainers.learner import LearnerConfig
+from toolgym.trainers.learner_config import LearnerConfig
 from toolgym.trainers.sampler import SamplerConfig
 
 
