@@ -47,7 +47,10 @@ def take(run: Path, out: Path, width: int = 1400, height: int = 1000) -> list[Pa
         for page in PAGES:
             if page == "episode":  # the first rollout listed on the rollouts page
                 driver.get(url + "/rollouts")
-                link = driver.find_elements(By.CSS_SELECTOR, "a.episode")[0]
+                links = driver.find_elements(By.CSS_SELECTOR, "a.episode")
+                if not links:
+                    raise SystemExit(f"error: {run}: no rollouts yet; take the screenshots once a step has trained")
+                link = links[0]
                 link.click()
                 WebDriverWait(driver, 30).until(expected_conditions.staleness_of(link))
             else:
