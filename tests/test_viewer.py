@@ -106,6 +106,10 @@ def test_the_viewer_in_a_real_browser(run_dir, browser, tmp_path):
 
         browser.get(url + "/compare")
         assert "tasks in both" in browser.find_element(By.ID, "summary").text
+        # by default the model before training against the trained one (the campaign's order, not the alphabet's)
+        picked = [Select(browser.find_element(By.NAME, side)).first_selected_option.get_attribute("value")
+                  for side in ("a", "b")]
+        assert picked == [f"run:eval/{label}/records/trajectories.jsonl" for label in ("base", "final")]
         browser.save_screenshot(str(tmp_path / "compare.png"))
 
         browser.get(url + "/episode?source=rollouts/nothing.jsonl&i=0")

@@ -101,10 +101,20 @@ class Run:
         return sorted(p.relative_to(self.path).as_posix() for p in root.glob("step-*.jsonl")) if root.is_dir() else []
 
     def eval_sources(self) -> list[str]:
-        """Evaluation trajectory files (relative paths)."""
+        """Evaluation trajectory files (relative paths), in the campaign's order (base, sft or
+        initial, step-N, final; other labels after), so that comparing the first with the last compares
+        the model before training with the trained one."""
         root = self.path / "eval"
-        return sorted(p.relative_to(self.path).as_posix() for p in root.glob("*/*/trajectories.jsonl")) \
-            if root.is_dir() else []
+        if not root.is_dir():
+            return []
+
+        def stage(source: str) -> tuple:
+            label = source.split("/")[1]
+            if label.startswith("step-") and label[5:].isdigit():
+                return (2, int(label[5:]), source)
+            return ({"base": 0, "initial": 1, "sft": 1, "final": 3}.get(label, 4), 0, source)
+
+        return sorted((p.relative_to(self.path).as_posix() for p in root.glob("*/*/trajectories.jsonl")), key=stage)
 
     def _file(self, source: str) -> Path:
         path = (self.path / source).resolve()
