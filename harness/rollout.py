@@ -238,6 +238,10 @@ class RolloutRunner:
             started, last = time.perf_counter(), [time.perf_counter()]
             done = [0]
 
+            def say() -> None:
+                last[0] = now = time.perf_counter()
+                print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s", flush=True)
+
             async def one(i: int, job: tuple) -> None:
                 env_id = job[0].env_id
                 async with sem:
@@ -249,21 +253,16 @@ class RolloutRunner:
                 passed[0] += int(getattr(results[i], "outcome", None) == Outcome.PASSED)
                 bar.update(bar_id, advance=1, passed=passed[0])
                 done[0] += 1
-                now = time.perf_counter()
-                if plain and (done[0] % max(1, len(jobs) // 10) == 0 or now - last[0] > PLAIN_PROGRESS_S
-                              or done[0] == len(jobs)):
-                    last[0] = now
-                    print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s", flush=True)
+                if plain and (done[0] % max(1, len(jobs) // 10) == 0 or done[0] == len(jobs)
+                              or time.perf_counter() - last[0] > PLAIN_PROGRESS_S):
+                    say()
 
             async def heartbeat() -> None:
                 # the first episodes of a big batch end together, minutes in: say it is alive meanwhile
                 while True:
                     await asyncio.sleep(PLAIN_PROGRESS_S)
-                    now = time.perf_counter()
-                    if now - last[0] >= PLAIN_PROGRESS_S:
-                        last[0] = now
-                        print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s",
-                              flush=True)
+                    if time.perf_counter() - last[0] >= PLAIN_PROGRESS_S:
+                        say()
 
             beat = asyncio.create_task(heartbeat()) if plain else None
             try:

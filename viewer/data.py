@@ -102,8 +102,8 @@ class Run:
 
     def eval_sources(self) -> list[str]:
         """Evaluation trajectory files (relative paths), in the campaign's order (base, sft or
-        initial, step-N, final; other labels after), so that comparing the first with the last compares
-        the model before training with the trained one."""
+        initial, step-N, final; other labels after), so that comparing the first with the last
+        compares the model before training with the trained one."""
         root = self.path / "eval"
         if not root.is_dir():
             return []
