@@ -237,6 +237,13 @@ class Sandbox(abc.ABC):
         (`verifiers/judge.py`); files the host puts there must be readable by that uid."""
         raise NotImplementedError(f"{type(self).__name__} has no host channel")
 
+    def scratch_channel(self) -> tuple[Path, str, int | None]:
+        """Like `host_channel`, but never the workspace: the sandbox's /tmp as the host sees it
+        (emptied by `reset`), for an episode's own long-lived service (an MCP server's pipes)
+        whose files must not show in the workspace or its final state. `SandboxError` where the
+        host cannot reach it."""
+        raise SandboxError(f"{type(self).__name__} has no scratch channel")
+
     # ---- shared behaviour ------------------------------------------------------------------------
 
     def state_hash(self) -> str:

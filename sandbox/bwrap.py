@@ -409,6 +409,10 @@ class BwrapSandbox(ResidentInit, Sandbox):
         """The sandbox's /tmp: a host directory bound in (not the overlay)."""
         return self.layers / "tmp", "/tmp", self.run_as
 
+    def scratch_channel(self) -> tuple[Path, str, int | None]:
+        """The sandbox's /tmp (its host channel is already outside the workspace)."""
+        return self.host_channel()
+
     def kill_all(self) -> int:
         """Kill every running exec (its whole namespace), the resident init, and anything left in
         the cgroup."""

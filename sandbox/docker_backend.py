@@ -379,6 +379,18 @@ class DockerSandbox(Sandbox):
         """The workspace: a host directory bound in."""
         return self.ws, WORKSPACE, self.uid
 
+    def scratch_channel(self) -> tuple[Path, str, int | None]:
+        """The container's /tmp (a tmpfs) through its init's root: the host must be root and
+        must have found the init (`kill_from_host`), as for a host-side reset."""
+        self._check_open()
+        if self.slot.init_pid is None:
+            self._kill_from_host()  # finds the init where the host can
+        tmp = Path(f"/proc/{self.slot.init_pid}/root/tmp")
+        if self.slot.init_pid is None or not os.access(tmp, os.W_OK):
+            raise SandboxError("the host cannot reach this container's /tmp (it needs root and the container's "
+                               "cgroup); run as root, or use the bwrap backend")
+        return tmp, "/tmp", self.uid
+
     def kill_all(self) -> int:
         """Kill every process in the container but its init."""
         self._check_open()

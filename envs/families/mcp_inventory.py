@@ -1,0 +1,118 @@
+"""`mcp-inventory`: keep a warehouse's stock with the tools of an MCP server in the sandbox.
+
+The agent's only tools are those the `inventory` MCP server offers (`list_items`, `add_stock`,
+`remove_stock`, `delete_item`, `history`, `notify_supplier`) and `submit`. The server
+(`_mcp/inventory_server.py`, standard library only) starts in the sandbox at every reset and
+keeps the stock in memory and in `inventory.json`; a hidden state checker compares that file
+with the expected stock. Tasks ask for one to three changes; "exactly N in stock" needs a look
+at the current stock first (the instruction never shows it). Held-out tasks use other items and
+wordings.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import numpy as np
+
+from toolgym.envs.families.shell_ops import CHECKER
+from toolgym.envs.mcp_tools import MCPSandboxEnv
+from toolgym.envs.registry import register_env
+from toolgym.tasks import HELDOUT, HiddenSpec, SuiteSpec, Task, ToolCall, register_suite
+
+SUITE = "mcp-inventory"
+SERVER_PATH = ".mcp/inventory_server.py"
+#: `-I`: the server ignores PYTHON* variables and the workspace is not on its import path.
+SERVER = {"command": f"python3 -I {SERVER_PATH}", "state_tools": ["list_items", "history"]}
+
+ITEMS = {
+    "train": ["bolts", "nuts", "washers", "screws", "hinges", "brackets", "rivets", "springs", "gaskets", "clamps"],
+    HELDOUT: ["pulleys", "bearings", "couplings", "sprockets", "valves", "fuses", "castors", "latches"],
+}
+WORDING = {
+    "train": {"receive": "Receive {n} {item}.", "ship": "Ship {n} {item}.", "discontinue": "Discontinue {item}.",
+              "exact": "Make sure exactly {n} {item} are in stock.", "new": "Start stocking {item}: receive {n}."},
+    HELDOUT: {"receive": "A delivery of {n} {item} arrived: add it to the stock.",
+              "ship": "Send {n} {item} out of the warehouse.",
+              "discontinue": "{item} are no longer sold: take them out of the inventory.",
+              "exact": "The stock of {item} must end at {n}, no more and no fewer.",
+              "new": "We now carry {item}; {n} of them came in today."},
+}
+KINDS = ("receive", "ship", "discontinue", "exact", "new")
+
+
+def server_source() -> str:
+    """The inventory MCP server's source (it is copied into every task's workspace)."""
+    return resources.files("toolgym.envs.families").joinpath("_mcp", "inventory_server.py").read_text()
+
+
+def stock_text(stock: dict[str, int]) -> str:
+    """`inventory.json` as the server writes it."""
+    return json.dumps(stock, indent=2, sort_keys=True) + "\n"
+
+
+def generate_mcp_inventory_task(seed: int, index: int, split: str = "train") -> Task:
+    """Deterministic `(seed, index, split) -> Task` for mcp-inventory."""
+    rng = np.random.default_rng([seed, index, 23])
+    key = HELDOUT if split == HELDOUT else "train"
+    names = [str(n) for n in rng.permutation(ITEMS[key])]
+    stocked, spare = names[: int(rng.integers(3, 6))], names[6:]
+    stock = {item: int(rng.integers(4, 60)) for item in stocked}
+    final = dict(stock)
+    n_ops = 1 + index % 3
+    kinds = [KINDS[(index // 3 + i) % len(KINDS)] for i in range(n_ops)]
+    if not spare:
+        kinds = [k if k != "new" else "receive" for k in kinds]
+    sentences, calls = [], []
+    free = [item for item in stocked]
+    for kind in kinds:
+        item = spare.pop(0) if kind == "new" else free.pop(int(rng.integers(len(free))))
+        if kind in ("receive", "new"):
+            n = int(rng.integers(1, 40))
+            final[item] = final.get(item, 0) + n
+            calls.append(ToolCall(name="add_stock", arguments={"item": item, "quantity": n}))
+        elif kind == "ship":
+            n = int(rng.integers(1, stock[item] + 1))
+            final[item] -= n
+            calls.append(ToolCall(name="remove_stock", arguments={"item": item, "quantity": n}))
+        elif kind == "discontinue":
+            n = 0
+            del final[item]
+            calls.append(ToolCall(name="delete_item", arguments={"item": item}))
+        else:  # exact: a target other than the current count, reached by adding or removing
+            n = int(rng.integers(0, 80))
+            if n == stock[item]:
+                n += 1
+            final[item] = n
+            diff = n - stock[item]
+            calls.append(ToolCall(name="add_stock" if diff > 0 else "remove_stock",
+                                  arguments={"item": item, "quantity": abs(diff)}))
+        sentences.append(WORDING[key][kind].format(n=n, item=item))
+    instruction = (" ".join(sentences) + " The inventory is kept by the `inventory` tools; call `submit` when "
+                   "the stock is right.")
+    spec = {"files": {"inventory.json": stock_text(final)}, "strip": False}
+    return Task(env_id="toolgym/mcp-inventory-v0", instruction=instruction,
+                family=f"mcp-inventory/{'+'.join(sorted(set(kinds)))}" if n_ops > 1 else f"mcp-inventory/{kinds[0]}",
+                difficulty=n_ops + ("exact" in kinds), split=split,
+                workspace={"inventory.json": stock_text(stock), SERVER_PATH: server_source()},
+                hidden=HiddenSpec(kind="state", files={"check.py": CHECKER % json.dumps(spec)},
+                                  protected=(".mcp",), timeout_s=30),
+                oracle=tuple(calls) + (ToolCall(name="submit", arguments={}),),
+                data={"mcp_server": SERVER}, metadata={"kinds": kinds, "seed": seed, "index": index})
+
+
+register_suite(SuiteSpec(name=SUITE, generator=generate_mcp_inventory_task, train_size=240, heldout_size=60,
+                         description="stock changes through the tools of an MCP server in the sandbox; "
+                                     "hidden state checker"))
+
+
+@register_env("mcp-inventory-v0", suite=SUITE)
+class MCPInventoryEnv(MCPSandboxEnv):
+    """Change a warehouse's stock with the tools of its MCP server; graded by a hidden checker."""
+
+    default_suite = SUITE
+    max_turns = 12
+
+
+__all__ = ["MCPInventoryEnv", "generate_mcp_inventory_task", "server_source", "stock_text"]
