@@ -1,8 +1,11 @@
 """Differential checks for a mined task: inputs of the mutated function and the pristine results.
 
-The miner traces every call the covering tests make into the function (on the pristine tree),
+The miner traces every call the covering tests make into the function (on the pristine tree,
+once per package for all candidate functions: `pytest_run.capture_calls`),
 adds generated inputs of the same types (empty, shorter, longer, negated, reversed), and calls
-the pristine function and the mutant on each input; the inputs kept are recorded again, in the
+the pristine function and the mutant on each input (`record_inputs`, as soon as the mutant breaks
+a test: a mutant that no input the agent could be kept from seeing tells apart is dropped before
+its grading copies are built); the inputs kept are recorded again, in the
 order grading calls them, twice in separate processes (with the grader's fixed hash seed: a
 result that varies anyway, with time, randomness, addresses or the calls before it, is not a
 check). What it keeps is data:
@@ -19,10 +22,10 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import dataclass
 
 import numpy as np
 
-from toolgym.mining.pytest_run import capture_calls
 from toolgym.mining.testfiles import base_name
 from toolgym.sandbox import Sandbox
 from toolgym.tasks import DifferentialCase
@@ -100,34 +103,75 @@ def generated_inputs(calls: list[tuple[tuple, str | None]], rng: np.random.Gener
     return list(out)
 
 
-def build_cases(box: Sandbox, import_root: str, path: str, function: str, pristine: str, mutant: str,
-                targets: list[str], withheld: dict[str, list[str]], rng: np.random.Generator,
-                timeout_s: float) -> tuple[DifferentialCase, ...] | str:
-    """The task's differential checks, or why it cannot have any. `box` holds the pristine tree
-    (and holds it again on return); `targets` are the covering tests; `withheld` maps a test file
-    to the test functions the workspace does not show."""
-    module = module_name(path, import_root)
-    if module is None or "<locals>" in function:
+def callable_from_outside(path: str, function: str, import_root: str) -> bool:
+    """Whether a probe process can import and call `function` of the source file `path`."""
+    return module_name(path, import_root) is not None and "<locals>" not in function
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A mutant's differential inputs recorded once, before its grading copies are built: each
+    case that gave data, with the pristine record and whether the mutant differs (a traced case's
+    origin is settled later, when the withheld test is known), and the tests that made each
+    traced input."""
+
+    cases: tuple[DifferentialCase, ...]
+    tests: dict[str, frozenset[str]]  # traced case id -> node ids of the tests that called with it
+
+    def could_hide(self, broken: list[str]) -> bool:
+        """Whether some input that tells the bug could stay unseen: a generated one, or one that
+        only `broken` tests make (the withheld test is drawn from them). If not, no choice of a
+        withheld test gives the task a hidden check: the miner drops it before any grading copy."""
+        names = {(n.split("::")[0], base_name(n)) for n in broken}
+        return any(c.distinguishes and (c.origin == "generated"
+                                         or all((t.split("::")[0], base_name(t)) in names for t in self.tests[c.id]))
+                   for c in self.cases)
+
+
+def record_inputs(box: Sandbox, import_root: str, path: str, function: str, pristine: str, mutant: str,
+                  calls: list[dict], rng: np.random.Generator, timeout_s: float) -> Recording | str:
+    """The mutant's differential inputs (traced calls and generated ones) recorded on the pristine
+    function and the mutant, or why it cannot have a differential check. `box` holds the pristine
+    tree (and holds it again on return); `calls` are the function's calls recorded from the
+    covering tests on the pristine tree (`capture_calls`)."""
+    if not callable_from_outside(path, function, import_root):
         return "no differential check (the function cannot be called from outside)"
-    calls = capture_calls(box, targets, f"{path}::{function}", timeout_s)
-    origins: dict[tuple[str, str], str] = {}
+    module = module_name(path, import_root)
+    tests: dict[tuple, set[str]] = {}
     views = {tuple(call["args"]): call.get("view") for call in calls}
     for call in calls:
-        file = call["test"].split("::")[0]
-        origin = "withheld" if base_name(call["test"]) in withheld.get(file, ()) else "visible"
-        key = tuple(call["args"])
-        if origins.get(key) != "visible":  # an input some visible test makes is visible
-            origins[key] = origin
-    traced = list(origins)
+        tests.setdefault(tuple(call["args"]), set()).add(call["test"])
+    traced = list(tests)
     if len(traced) > TRACED_MAX:
         traced = [traced[i] for i in sorted(rng.choice(len(traced), TRACED_MAX, replace=False))]
     generated = generated_inputs([(key, views.get(key)) for key in traced], rng, GENERATED_MAX)
-    inputs = [(key, origins[key]) for key in traced] + [(key, "generated") for key in generated]
+    inputs = [(key, "visible") for key in traced] + [(key, "generated") for key in generated]
     if not inputs:
         return "no differential check (no call of the function could be recorded)"
     cases = [DifferentialCase(id=f"c{i}", code=case_code(module, function, key, import_root), expected="",
                               origin=origin) for i, (key, origin) in enumerate(inputs)]
     kept = _recorded(box, path, pristine, mutant, cases, timeout_s, runs=1)
+    if not any(c.distinguishes for c in kept):
+        return "no hidden differential check (no input tells the bug from the fix)"
+    made_by = {f"c{i}": frozenset(tests[key]) for i, key in enumerate(traced)}
+    return Recording(tuple(kept), {c.id: made_by[c.id] for c in kept if c.id in made_by})
+
+
+def build_cases(box: Sandbox, path: str, pristine: str, mutant: str, recording: Recording,
+                withheld: dict[str, list[str]], rng: np.random.Generator,
+                timeout_s: float) -> tuple[DifferentialCase, ...] | str:
+    """The task's differential checks from `recording`, or why it cannot have any. `withheld`
+    maps a test file to the test functions the workspace does not show; `box` holds the pristine
+    tree (and holds it again on return)."""
+
+    def origin(case: DifferentialCase) -> str:
+        if case.origin == "generated":
+            return "generated"
+        # an input some visible test makes is visible
+        hidden = all(base_name(t) in withheld.get(t.split("::")[0], ()) for t in recording.tests[case.id])
+        return "withheld" if hidden else "visible"
+
+    kept = [c.model_copy(update={"origin": origin(c)}) for c in recording.cases]
     if not any(c.distinguishes and c.origin != "visible" for c in kept):
         return "no hidden differential check (no unseen input tells the bug from the fix)"
     telling = [c for c in kept if c.distinguishes]
@@ -175,4 +219,4 @@ def _recorded(box: Sandbox, path: str, pristine: str, mutant: str, cases: list[D
     return kept
 
 
-__all__ = ["build_cases", "generated_inputs"]
+__all__ = ["Recording", "build_cases", "callable_from_outside", "generated_inputs", "record_inputs"]

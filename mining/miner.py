@@ -2,7 +2,9 @@
 
 Per project: fetch and unpack the sdist, build its site layer, run its tests twice in the
 sandbox (the first run with per-test coverage; tests that fail, are skipped, flip between the
-runs or take over `SLOW_TEST_S` are not used), mutate functions that passing tests cover, run the
+runs or take over `SLOW_TEST_S` are not used), record in one more run every call the passing tests
+make into the functions that could become tasks (the inputs of their differential checks; a
+function with no recorded call cannot have one and is not mutated), mutate those functions, run the
 covering test files against each mutant, and keep a mutant only if some passing test now fails,
 the files still finish in time, and the finished task verifies (the oracle passes, the unfixed
 workspace fails) under the real grader. Candidates are drawn in a seeded order; every decision
@@ -22,10 +24,10 @@ from typing import Callable
 import numpy as np
 import yaml
 
-from toolgym.mining.differential import build_cases
+from toolgym.mining.differential import Recording, build_cases, callable_from_outside, record_inputs
 from toolgym.mining.mutate import Mutant, mutants
 from toolgym.mining.project import MiningError, Project, build_site_layer, fetch_sdist, load_project
-from toolgym.mining.pytest_run import run_tests, runner_files
+from toolgym.mining.pytest_run import capture_calls, run_tests, runner_files
 from toolgym.mining.testfiles import base_name, grading_copy, rename_key, sentinel_sources, test_key, without_tests
 from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 from toolgym.tasks import HiddenSpec, Task, TestRun, ToolCall
@@ -136,7 +138,10 @@ class ProjectMiner:
         def run(cover: bool):
             box = self._box()
             try:
-                return run_tests(box, self.p.import_root, self.p.test_files, 900, cover=cover, test_dirs=dirs)
+                # a test slower than `SLOW_TEST_S` is not used: stop it soon after (traced tests run
+                # several times slower; one slow test dominated a whole package's baseline)
+                return run_tests(box, self.p.import_root, self.p.test_files, 900, cover=cover, test_dirs=dirs,
+                                 test_limit_s=SLOW_TEST_S + 1)
             finally:
                 box.reset()
 
@@ -162,6 +167,31 @@ class ProjectMiner:
         self.sentinel_files = {nid.split("::")[0] for nid in self.passing
                                if base_name(nid)
                                in self.sentinel_names.get(nid.split("::")[0], ())}
+        self.calls = self._record_calls()
+
+    def _record_calls(self) -> dict[str, list[dict]]:
+        """Every call the covering tests make into each function that could become a task (a
+        function a probe can call, tested in a file that can hold sentinels), from one traced run
+        on the pristine tree: "relpath::qualname" -> calls (see `capture_calls`)."""
+        functions = sorted(fn for fn, tests in self.covering.items()
+                           if callable_from_outside(*fn.split("::", 1), self.p.import_root)
+                           and any(t.split("::")[0] in self.sentinel_files for t in tests))
+        if not functions:
+            return {}
+        box = self._box()
+        targets = sorted({t.split("[")[0] for fn in functions for t in self.covering[fn]})
+        try:
+            captured = capture_calls(box, targets, functions, 900)
+        finally:
+            box.reset()
+        # only calls made by the tests that cover the function (every parametrisation of them)
+        calls = {}
+        for fn in functions:
+            tests = {t.split("[")[0] for t in self.covering[fn]}
+            kept = [c for c in captured.get(fn, ()) if c["test"].split("[")[0] in tests]
+            if kept:
+                calls[fn] = kept
+        return calls
 
     # ---- candidates ----------------------------------------------------------------------------
 
@@ -169,9 +199,9 @@ class ProjectMiner:
         """Mutants of covered functions, in a seeded order that spreads functions and operators."""
         out: list[Mutant] = []
         for path in self.p.source_files:
-            # only functions whose tests sit in a file that can hold sentinels can become tasks
-            wanted = {fn.split("::", 1)[1] for fn, tests in self.covering.items() if fn.split("::", 1)[0] == path
-                      and any(t.split("::")[0] in self.sentinel_files for t in tests)}
+            # only functions whose tests sit in a file that can hold sentinels, and whose calls
+            # could be recorded, can become tasks
+            wanted = {fn.split("::", 1)[1] for fn in self.calls if fn.split("::", 1)[0] == path}
             if wanted:
                 try:
                     out += list(mutants(path, self.p.files[path], wanted))
@@ -209,9 +239,11 @@ class ProjectMiner:
         # the baseline durations were traced (slower): 4x and a floor for collection is ample; a
         # mutant that loops forever costs this much of a worker
         budget = max(12.0, 4 * sum(self.passing[n]["duration"] for n in covering) + 8)
+        # and a test that runs far past its baseline is stopped at once (a looping mutant)
+        per_test = max(3.0, 4 * max((self.passing[n]["duration"] for n in covering), default=0.0))
         box.write_file(m.path, m.text)
-        res = run_tests(box, self.p.import_root, targets, budget)
-        if res.timed_out:
+        res = run_tests(box, self.p.import_root, targets, budget, test_limit_s=per_test)
+        if res.timed_out or "timeout" in res.outcomes().values():
             return "too slow (timed out)", None
         if not res.records:
             return "breaks collection (no test ran)", None
@@ -223,7 +255,17 @@ class ProjectMiner:
         p2p = sorted(nid for nid in run_passing if outcomes.get(nid) == "passed")
         if self.stopping.is_set():
             return "not needed (quota full)", None
-        task = self._task(box, index, m, f2p, p2p, res.records)
+        # The differential inputs first (cheap: two probe processes): a mutant that no input the
+        # agent could be kept from seeing tells apart is dropped before its grading copies are run.
+        box.write_file(m.path, self.p.files[m.path])
+        recording = record_inputs(box, self.p.import_root, m.path, m.function, self.p.files[m.path], m.text,
+                                  self.calls.get(f"{m.path}::{m.function}", []),
+                                  np.random.default_rng([self.o.seed, index, 8]), self._case_budget(covering))
+        if isinstance(recording, str):
+            return recording, None
+        if not recording.could_hide(f2p):
+            return "no hidden differential check (only inputs of tests that still pass tell the bug)", None
+        task = self._task(box, index, m, f2p, p2p, res.records, recording)
         if isinstance(task, str):
             return task, None
         if self.stopping.is_set():
@@ -233,7 +275,12 @@ class ProjectMiner:
             return problem, None
         return "kept", task
 
-    def _task(self, box, index: int, m: Mutant, f2p: list[str], p2p: list[str], records: dict) -> Task | str:
+    def _case_budget(self, covering: set[str]) -> float:
+        """Seconds a probe process of differential cases may take (generous: traced durations)."""
+        return max(30.0, 4 * sum(self.passing[n]["duration"] for n in covering) + 10)
+
+    def _task(self, box, index: int, m: Mutant, f2p: list[str], p2p: list[str], records: dict,
+              recording: Recording) -> Task | str:
         rng = np.random.default_rng([self.o.seed, index, 7])
         covering = self.covering.get(f"{m.path}::{m.function}", set())
         by_file = Counter(nid.split("::")[0] for nid in f2p)
@@ -274,9 +321,8 @@ class ProjectMiner:
         workspace = dict(self.p.files)
         workspace[m.path] = m.text
         withheld = self._withhold(rng, graded_f2p)
-        targets = sorted({nid.split("[")[0] for nid in covering})
-        cases = build_cases(box, self.p.import_root, m.path, m.function, self.p.files[m.path], m.text, targets,
-                            withheld, rng, max(30.0, 4 * sum(self.passing[n]["duration"] for n in covering) + 10))
+        cases = build_cases(box, m.path, self.p.files[m.path], m.text, recording, withheld, rng,
+                            self._case_budget(covering))
         if isinstance(cases, str):
             return cases
         for path, names in withheld.items():

@@ -52,15 +52,18 @@ class RunResult:
     stderr: str = ""
 
     def outcomes(self) -> dict[str, str]:
-        """nodeid -> passed | failed | error | skipped."""
+        """nodeid -> passed | failed | error | skipped | timeout."""
         return {k: v["outcome"] for k, v in self.records.items()}
 
 
 def run_tests(box: Sandbox, import_root: str, targets: list[str], timeout_s: float, cover: bool = False,
-              test_dirs: tuple[str, ...] = ()) -> RunResult:
-    """Run pytest on `targets` (files or node ids) in `box`; never raises for failing tests."""
+              test_dirs: tuple[str, ...] = (), test_limit_s: float | None = None) -> RunResult:
+    """Run pytest on `targets` (files or node ids) in `box`; never raises for failing tests. With
+    `test_limit_s`, a test whose call runs longer is stopped and recorded as "timeout"."""
     out = f"{MINE_DIR}/out-{secrets.token_hex(4)}.jsonl"
     env = dict(TEST_ENV, TOOLGYM_MINE_OUT=f"/workspace/{out}", TOOLGYM_MINE_PYC=f"/tmp/.toolgym-pyc-{secrets.token_hex(4)}")
+    if test_limit_s:
+        env["TOOLGYM_MINE_TEST_LIMIT"] = f"{test_limit_s:.3f}"
     if cover:
         env["TOOLGYM_MINE_COVER"] = "/workspace" if import_root == "." else f"/workspace/{import_root}"
         env["TOOLGYM_MINE_TESTS"] = ":".join(test_dirs)
@@ -81,23 +84,27 @@ def run_tests(box: Sandbox, import_root: str, targets: list[str], timeout_s: flo
     return result
 
 
-def capture_calls(box: Sandbox, targets: list[str], function: str, timeout_s: float) -> list[dict]:
-    """Every distinct call of `function` ("relpath::qualname") made by the tests `targets`, run
-    on the tree now in `box`: [{"test", "args": [kind, text]}] (see the plugin)."""
-    out = f"{MINE_DIR}/calls-{secrets.token_hex(4)}.jsonl"
-    env = dict(TEST_ENV, TOOLGYM_MINE_CALLS=function, TOOLGYM_MINE_CALLS_OUT=f"/workspace/{out}",
-               TOOLGYM_MINE_PYC=f"/tmp/.toolgym-pyc-{secrets.token_hex(4)}")
+def capture_calls(box: Sandbox, targets: list[str], functions: list[str], timeout_s: float) -> dict[str, list[dict]]:
+    """Every distinct call of each of `functions` ("relpath::qualname") made by the tests
+    `targets`, run on the tree now in `box`, in one pytest run: {function: [{"test", "args",
+    "view"}]} (see the plugin). Functions never called are absent."""
+    tag = secrets.token_hex(4)
+    wanted, out = f"{MINE_DIR}/wanted-{tag}.txt", f"{MINE_DIR}/calls-{tag}.jsonl"
+    box.write_file(wanted, "".join(f + "\n" for f in functions))
+    env = dict(TEST_ENV, TOOLGYM_MINE_CALLS=f"/workspace/{wanted}", TOOLGYM_MINE_CALLS_OUT=f"/workspace/{out}",
+               TOOLGYM_MINE_PYC=f"/tmp/.toolgym-pyc-{tag}")
     box.exec(_pytest_command(targets), timeout_s=timeout_s, env=env)
     try:
         text = box.read_host_bytes(out).decode("utf-8", errors="replace")
     except SandboxError:
-        return []
+        return {}
     finally:
-        box.exec(f"rm -f {out}")
-    calls = []
+        box.exec(f"rm -f {wanted} {out}")
+    calls: dict[str, list[dict]] = {}
     for line in text.splitlines():
         try:
-            calls.append(json.loads(line))
+            call = json.loads(line)
         except ValueError:
             continue
+        calls.setdefault(call.pop("function"), []).append(call)
     return calls

@@ -152,3 +152,30 @@ def test_the_default_suite_says_how_to_mine_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TOOLGYM_SWE_PYPI", str(tmp_path / "none"))
     with pytest.raises(TaskLoadError, match="toolgym tasks mine --default"):
         load_swe_pypi()
+
+
+def test_one_traced_run_records_every_functions_calls_and_a_slow_test_is_stopped():
+    """The miner records the calls of all candidate functions in one pytest run, and its per-test
+    limit stops a test that runs on (a looping mutant) without waiting for the run's timeout."""
+    from toolgym.mining.pytest_run import capture_calls, run_tests, runner_files
+    from toolgym.sandbox import make_sandbox
+
+    source = ("def double(x):\n    return 2 * x\n\n\ndef name(s, upper=False):\n    return s.upper() if upper else s\n\n\n"
+              "def spin():\n    while True:\n        pass\n")
+    tests = ("from pkg.m import double, name, spin\n\n\ndef test_double():\n    assert double(2) == 4 and double(3) == 6\n"
+             "\n\ndef test_name():\n    assert name('a', upper=True) == 'A'\n\n\ndef test_spin():\n    spin()\n")
+    workspace = {"pkg/__init__.py": "", "pkg/m.py": source, "tests/test_m.py": tests, **runner_files(".", ["tests"])}
+    box = make_sandbox(workspace, SandboxConfig(canary=False))
+    try:
+        calls = capture_calls(box, ["tests/test_m.py::test_double", "tests/test_m.py::test_name"],
+                              ["pkg/m.py::double", "pkg/m.py::name", "pkg/m.py::spin"], 60)
+        assert sorted(c["args"][1] for c in calls["pkg/m.py::double"]) == ["[[2], {}]", "[[3], {}]"]
+        assert calls["pkg/m.py::name"] == [{"test": "tests/test_m.py::test_name", "args": ["repr", "[['a', True], {}]"],
+                                            "view": None}]
+        assert "pkg/m.py::spin" not in calls  # never called by the tests that ran
+        res = run_tests(box, ".", ["tests/test_m.py"], 120, test_limit_s=1.0)
+        assert res.outcomes() == {"tests/test_m.py::test_double": "passed", "tests/test_m.py::test_name": "passed",
+                                  "tests/test_m.py::test_spin": "timeout"}
+        assert not res.timed_out and res.duration_s < 60
+    finally:
+        box.close()

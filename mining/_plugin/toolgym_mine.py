@@ -2,13 +2,15 @@
 
 Runs inside the mining sandbox over trusted code (the pristine project or one of our own
 mutants), never at grading time. Writes one JSON line per test to `$TOOLGYM_MINE_OUT`:
-`{"nodeid", "outcome", "duration", "message", "covers"}`, where `covers` lists the functions of
+`{"nodeid", "outcome", "duration", "message", "covers"}` (outcome: passed, failed, error,
+skipped or timeout), where `covers` lists the functions of
 the project's source (not its tests) that the test called, as "relpath::qualname", when
 `$TOOLGYM_MINE_COVER` names the source root.
 
-With `$TOOLGYM_MINE_CALLS` set to "relpath::qualname" (one function of the project's source),
-every call of that function made while a test runs is captured for differential grading: one
-JSON line per distinct call to `$TOOLGYM_MINE_CALLS_OUT`, `{"test", "args", "view"}`, where
+With `$TOOLGYM_MINE_CALLS` naming a file that lists functions of the project's source, one
+"relpath::qualname" per line, every call of those functions made while a test runs is captured
+for differential grading in the same run: one JSON line per distinct call to
+`$TOOLGYM_MINE_CALLS_OUT`, `{"function", "test", "args", "view"}`, where
 `args` is ["repr", text] when the positional and keyword arguments are builtin data whose `repr`
 reads back, else ["pickle", base64] when they pickle (a method's `self` included) without naming
 a test module; then `view` shows which of them are builtin data (see `_view`). Standard library only.
@@ -19,7 +21,10 @@ import json
 import os
 import pickle
 import pickletools
+import signal
 import sys
+
+import pytest
 
 _OUT = os.environ.get("TOOLGYM_MINE_OUT")
 _ROOT = os.environ.get("TOOLGYM_MINE_COVER")
@@ -28,12 +33,28 @@ _records = {}
 _current = set()
 _cache = {}
 _CALLS = os.environ.get("TOOLGYM_MINE_CALLS", "")
-_calls = {}  # (test, kind, text) -> the builtin-data view of a pickled call's arguments, in first-seen order
-_per_test = {}
+_calls = {}  # (function, test, kind, text) -> the builtin-data view of a pickled call's arguments, in first-seen order
+_per_test = {}  # (function, test) -> [distinct calls kept, calls seen]
 _test = [""]
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 _MAX_CALLS_PER_TEST = 64
+# a function called in a hot loop costs at most this many argument captures per test
+_MAX_SEEN_PER_TEST = 64
 _MAX_ARGS_CHARS = 4000
+# With `$TOOLGYM_MINE_TEST_LIMIT` (seconds), a test whose call runs longer is stopped there and
+# recorded as "timeout": a test too slow to use, or a mutant that loops, costs that long and no
+# more (the sandbox's own timeout stays the backstop for code a signal cannot interrupt).
+_LIMIT = float(os.environ.get("TOOLGYM_MINE_TEST_LIMIT") or 0)
+_timed_out = set()
+
+
+class _TestTimeout(Exception):
+    """Raised in a test that ran past `$TOOLGYM_MINE_TEST_LIMIT`."""
+
+
+def _on_alarm(signum, frame):
+    _timed_out.add(_test[0])
+    raise _TestTimeout(f"the test ran past {_LIMIT} s")
 
 
 def _plain(value, depth=0):
@@ -86,9 +107,11 @@ def _view(positional, kwargs):
     return repr([[slot(v) for v in positional], {k: slot(v) for k, v in kwargs.items()}])
 
 
-def _capture(frame):
-    if _per_test.get(_test[0], 0) >= _MAX_CALLS_PER_TEST:
+def _capture(frame, function):
+    counts = _per_test.setdefault((function, _test[0]), [0, 0])
+    if counts[0] >= _MAX_CALLS_PER_TEST or counts[1] >= _MAX_SEEN_PER_TEST:
         return
+    counts[1] += 1
     try:
         positional, kwargs = _call_args(frame)
         if _plain(positional) and _plain(kwargs):
@@ -96,24 +119,41 @@ def _capture(frame):
             kind = "repr"
         else:
             data = pickle.dumps((positional, kwargs), protocol=4)
-            if len(data) > _MAX_ARGS_CHARS or _names_test_module(data):
+            if len(data) > _MAX_ARGS_CHARS:
                 return
             kind, text = "pickle", base64.b64encode(data).decode()
-        view = _view(positional, kwargs) if kind == "pickle" else None
+        key = (function, _test[0], kind, text)
+        if len(text) > _MAX_ARGS_CHARS or key in _calls:
+            return
+        # the slow checks only for a call not seen before
+        if kind == "pickle" and _names_test_module(data):
+            return
+        _calls[key] = _view(positional, kwargs) if kind == "pickle" else None
     except Exception:  # an argument that cannot be captured: that call is not a check
         return
-    if len(text) <= _MAX_ARGS_CHARS and (_test[0], kind, text) not in _calls:
-        _calls[(_test[0], kind, text)] = view
-        _per_test[_test[0]] = _per_test.get(_test[0], 0) + 1
+    counts[0] += 1
+
+
+def _wanted_functions():
+    """{(absolute file, qualname): "relpath::qualname"} of the functions whose calls are captured."""
+    if not _CALLS:
+        return {}
+    with open(_CALLS) as f:
+        names = [line.strip() for line in f if "::" in line]
+    return {("/workspace/" + n.partition("::")[0], n.partition("::")[2]): n for n in names}
+
+
+_WANTED = _wanted_functions()
+_targets = {}  # code object -> its name in _WANTED, or "" (cached: one dict lookup per call)
 
 
 def _call_target(frame, event, arg):
     code = frame.f_code
-    if code.co_qualname == _CALL_NAME and code.co_filename == _CALL_FILE:
-        _capture(frame)
-
-
-_CALL_FILE, _, _CALL_NAME = ("/workspace/" + _CALLS).partition("::") if _CALLS else ("", "", "")
+    name = _targets.get(code)
+    if name is None:
+        name = _targets[code] = _WANTED.get((code.co_filename, code.co_qualname), "")
+    if name:
+        _capture(frame, name)
 
 
 def _relevant(code):
@@ -149,6 +189,18 @@ def pytest_runtest_setup(item):
         sys.settrace(_call_target)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if _LIMIT:
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, _LIMIT)
+    try:
+        yield
+    finally:
+        if _LIMIT:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def pytest_runtest_teardown(item):
     if _ROOT or _CALLS:
         sys.settrace(None)
@@ -165,6 +217,8 @@ def pytest_runtest_logreport(report):
         rec["message"] = (lines[0][1:].strip() if lines else text.strip().splitlines()[-1:][0] if text.strip() else "")[:300]
     elif report.skipped and rec["outcome"] == "passed":
         rec["outcome"] = "skipped"
+    if report.nodeid in _timed_out:
+        rec["outcome"] = "timeout"
     if report.when == "teardown" and _ROOT:
         rec["covers"] = sorted(_current)
 
@@ -173,8 +227,8 @@ def pytest_sessionfinish(session, exitstatus):
     calls_out = os.environ.get("TOOLGYM_MINE_CALLS_OUT")
     if calls_out:
         with open(calls_out, "w") as f:
-            for (test, kind, text), view in _calls.items():
-                f.write(json.dumps({"test": test, "args": [kind, text], "view": view}) + "\n")
+            for (function, test, kind, text), view in _calls.items():
+                f.write(json.dumps({"function": function, "test": test, "args": [kind, text], "view": view}) + "\n")
     if _OUT:
         with open(_OUT, "w") as f:
             for rec in _records.values():
