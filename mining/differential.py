@@ -29,7 +29,7 @@ import numpy as np
 from toolgym.mining.testfiles import base_name
 from toolgym.sandbox import Sandbox
 from toolgym.tasks import DifferentialCase
-from toolgym.verifiers.differential import case_code, module_name, read_value, run_cases
+from toolgym.verifiers.differential import PER_CASE_S, case_code, module_name, read_value, run_cases
 
 TRACED_MAX = 32
 GENERATED_MAX = 24
@@ -37,6 +37,9 @@ KEEP_DISTINGUISHING = 12
 KEEP_OTHERS = 8
 PRISTINE_RUNS = 2
 MAX_EXPECTED_CHARS = 20_000
+#: A case must finish within this at mining, a third of what grading allows it (`PER_CASE_S`):
+#: a correct fix graded on a busy machine must not fail a check for want of time.
+MINING_PER_CASE_S = PER_CASE_S / 3
 
 
 def _variants(value) -> list:
@@ -195,10 +198,10 @@ def _recorded(box: Sandbox, path: str, pristine: str, mutant: str, cases: list[D
               timeout_s: float, runs: int = PRISTINE_RUNS) -> list[DifferentialCase]:
     """`cases` with the pristine function's records as `expected` and whether the mutant differs;
     a case whose `runs` pristine runs disagree, give no data, or (generated) raise is left out."""
-    pristine_runs = [run_cases(box, cases, timeout_s) for _ in range(runs)]
+    pristine_runs = [run_cases(box, cases, timeout_s, MINING_PER_CASE_S) for _ in range(runs)]
     box.write_file(path, mutant)
     try:
-        mutant_run = run_cases(box, cases, timeout_s)
+        mutant_run = run_cases(box, cases, timeout_s)  # as graded: the unfixed code gets grading's time
     finally:
         box.write_file(path, pristine)
     kept: list[DifferentialCase] = []

@@ -37,8 +37,10 @@ def runner_files(import_root: str, test_dirs: list[str]) -> dict[str, str]:
 
 
 def _pytest_command(targets: list[str]) -> str:
+    # --tb=line: the message the plugin keeps is the same, and a mutant that breaks two hundred
+    # tests no longer spends 18 s formatting their tracebacks (it ran into the try's time limit)
     return (f"python3 -I -B {MINE_DIR}/run.py -c {MINE_DIR}/pytest.ini --rootdir /workspace -p no:cacheprovider -q "
-            "--no-header -rN " + " ".join(shlex.quote(t) for t in targets))
+            "--no-header -rN --tb=line " + " ".join(shlex.quote(t) for t in targets))
 
 
 @dataclass

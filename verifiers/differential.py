@@ -114,11 +114,12 @@ def case_code(module: str, qualname: str, args: tuple | list, import_root: str =
     return path + _OBSERVE + _CALL.format(module=module, qualname=qualname, args=load)
 
 
-def probe_files(cases: list[DifferentialCase] | tuple[DifferentialCase, ...]) -> tuple[str, dict[str, str]]:
+def probe_files(cases: list[DifferentialCase] | tuple[DifferentialCase, ...],
+                per_case_s: float = PER_CASE_S) -> tuple[str, dict[str, str]]:
     """(command, files): what a grading sandbox needs to run `cases` (inputs only, never the
-    expected results); the command prints one record per case."""
+    expected results), each within `per_case_s`; the command prints one record per case."""
     folder = f".toolgym-diff-{secrets.token_hex(6)}"
-    spec = {"per_probe_s": PER_CASE_S, "probes": [{"id": c.id, "code": c.code} for c in cases]}
+    spec = {"per_probe_s": per_case_s, "probes": [{"id": c.id, "code": c.code} for c in cases]}
     files = {f"{folder}/run.py": grader_source("probe_runner.py"), f"{folder}/cases.json": json.dumps(spec)}
     # `-s -P` and no -E: isolated like `-I` (no user site, no script directory on the path) but
     # with PROBE_ENV's fixed hash seed, so a result that follows set order is the same at mining
@@ -126,9 +127,10 @@ def probe_files(cases: list[DifferentialCase] | tuple[DifferentialCase, ...]) ->
     return f"python3 -s -P {folder}/run.py {folder}/cases.json", files
 
 
-def run_cases(box: Sandbox, cases: list[DifferentialCase], timeout_s: float) -> dict[str, dict]:
+def run_cases(box: Sandbox, cases: list[DifferentialCase], timeout_s: float,
+              per_case_s: float = PER_CASE_S) -> dict[str, dict]:
     """Run `cases` in `box` (the miner's own sandbox) and return their records by case id."""
-    command, files = probe_files(cases)
+    command, files = probe_files(cases, per_case_s)
     for path, text in files.items():
         box.write_file(path, text)
     try:
