@@ -91,11 +91,14 @@ def _call_args(frame):
     return positional, kwargs
 
 
-def _names_test_module(data):
-    """True if a pickle may import from a test module (absent or different when graded). A string
-    argument that merely looks like one only costs that call its check."""
+def _unusable_pickle(data):
+    """True if a pickle may import from a test module (absent or different when graded), or names
+    the `time` or `datetime` module: a clock inside the arguments (a TTL cache's timer) makes the
+    result depend on when the call runs, and grading runs long after mining. A string argument
+    that merely looks like one of these only costs that call its check."""
     for _, arg, _ in pickletools.genops(data):
-        if isinstance(arg, str) and (arg.startswith(("test", "conftest")) or ".test" in arg or "tests." in arg):
+        if isinstance(arg, str) and (arg.startswith(("test", "conftest")) or ".test" in arg or "tests." in arg
+                                     or arg in ("time", "datetime")):
             return True
     return False
 
@@ -126,7 +129,7 @@ def _capture(frame, function):
         if len(text) > _MAX_ARGS_CHARS or key in _calls:
             return
         # the slow checks only for a call not seen before
-        if kind == "pickle" and _names_test_module(data):
+        if kind == "pickle" and _unusable_pickle(data):
             return
         _calls[key] = _view(positional, kwargs) if kind == "pickle" else None
     except Exception:  # an argument that cannot be captured: that call is not a check
