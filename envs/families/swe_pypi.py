@@ -49,7 +49,7 @@ def load_swe_pypi() -> TaskSuite:
     root = default_suite_dir()
     if not (root / "suite.yaml").exists():
         raise TaskLoadError(f"the {SUITE} suite is not mined on this machine ({root}): run `toolgym tasks mine "
-                            "--default` first (it fetches 10 packages from PyPI and takes about 30-45 minutes "
+                            "--default` first (it fetches 10 packages from PyPI and takes about 30 minutes "
                             "on 2 cores), or point $TOOLGYM_SWE_PYPI at a mined suite directory")
     return load_mined_suite(root)
 
