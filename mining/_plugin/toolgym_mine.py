@@ -34,12 +34,12 @@ _current = set()
 _cache = {}
 _CALLS = os.environ.get("TOOLGYM_MINE_CALLS", "")
 _calls = {}  # (function, test, kind, text) -> the builtin-data view of a pickled call's arguments, in first-seen order
-_per_test = {}  # (function, test) -> [distinct calls kept, calls seen]
+_per_test = {}  # (function, test) -> calls seen
 _test = [""]
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
+# calls of one function captured per test at most (the distinct ones kept): a function called in
+# a hot loop costs no more than this many argument captures
 _MAX_CALLS_PER_TEST = 64
-# a function called in a hot loop costs at most this many argument captures per test
-_MAX_SEEN_PER_TEST = 64
 _MAX_ARGS_CHARS = 4000
 # With `$TOOLGYM_MINE_TEST_LIMIT` (seconds), a test whose call runs longer is stopped there and
 # recorded as "timeout": a test too slow to use, or a mutant that loops, costs that long and no
@@ -111,10 +111,10 @@ def _view(positional, kwargs):
 
 
 def _capture(frame, function):
-    counts = _per_test.setdefault((function, _test[0]), [0, 0])
-    if counts[0] >= _MAX_CALLS_PER_TEST or counts[1] >= _MAX_SEEN_PER_TEST:
+    seen = _per_test.get((function, _test[0]), 0)
+    if seen >= _MAX_CALLS_PER_TEST:
         return
-    counts[1] += 1
+    _per_test[(function, _test[0])] = seen + 1
     try:
         positional, kwargs = _call_args(frame)
         if _plain(positional) and _plain(kwargs):
@@ -134,7 +134,6 @@ def _capture(frame, function):
         _calls[key] = _view(positional, kwargs) if kind == "pickle" else None
     except Exception:  # an argument that cannot be captured: that call is not a check
         return
-    counts[0] += 1
 
 
 def _wanted_functions():
