@@ -53,7 +53,7 @@ def main() -> None:
 
     model_dir, params = build_model_dir(Path(args.run_dir) / "init-model", args.layers, args.hidden)
     print(f"model: {params / 1e6:.0f} M parameters, {args.device} {args.dtype}")
-    learner = {"lr": 1e-5, "loss": "ppo", "agg": "token-mean", "kl_beta": 0.0, "token_budget": 65536}
+    learner = {"lr": 1e-5, "loss": "ppo", "agg": "token-mean", "kl_beta": 0.0}  # token_budget: auto
     if args.lora:
         learner["lora"] = {"r": 16, "alpha": 32}
     config = CampaignConfig.model_validate({

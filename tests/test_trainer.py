@@ -255,6 +255,8 @@ def test_a_micro_batch_that_cannot_fit_is_refused_before_the_kernel_kills_it(tin
     with pytest.raises(TrainingMemoryError, match=r"RL step: .* tokens in one micro-batch need about .* GiB.*"
                                                   r"rl\.learner\.token_budget"):
         check_fits(policy.model, torch.device("cpu"), 10**13 // per_token, "RL step")
+    # a bf16 model's layer activations are bf16: fewer bytes per token, the logits' share unchanged
+    assert bytes_per_token(policy.model.to(torch.bfloat16)) < per_token
 
 
 def test_micro_batches_keep_rows_with_a_shared_prefix_together():

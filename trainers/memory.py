@@ -5,7 +5,8 @@ A fixed token budget ignores the model: 16384 tokens is nothing for a 0.4 M-para
 is the free memory (a share of it) over an estimate of the activation memory one token of a
 forward and backward holds. The estimate was measured against SmolLM2-135M on the CPU (SDPA
 attention, fp32: 2.0 MB per token; bf16 autocast: 1.5 MB): per layer about 12 hidden-size and 6
-MLP-size float32 vectors per token, plus the LM head's logits at the trained positions.
+MLP-size vectors per token, in the weights' dtype (half the bytes for a bf16 model, as on a GPU),
+plus the LM head's float32 logits at the trained positions.
 
 Before a step, `check_fits` refuses a micro-batch that would not fit, with a message that says
 what to change, instead of letting the kernel's OOM killer end the run.
@@ -35,18 +36,24 @@ def bytes_per_token(model: torch.nn.Module) -> int:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     hidden = config.hidden_size
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
-    per_layer = 4 * (12 * hidden + 6 * intermediate)
+    weight = next(model.parameters(), None)
+    width = weight.element_size() if weight is not None and weight.is_floating_point() else 4
+    per_layer = width * (12 * hidden + 6 * intermediate)
     lm_head = 4 * 3 * config.vocab_size // 4  # logits, log-softmax and their gradient, at ~1 in 4 positions
     return config.num_hidden_layers * per_layer + lm_head
 
 
 def free_memory(device: torch.device) -> int:
-    """Bytes free for training on `device` (the host's available memory for the CPU)."""
+    """Bytes free for training on `device` (the host's available memory for the CPU). On CUDA,
+    what the driver has free plus what torch's caching allocator holds unused: after an
+    evaluation's KV caches are freed, the allocator keeps their blocks for reuse, and the driver
+    counts them as taken (on an H200, 76 of 139 GiB 'free' after a 64-task evaluation)."""
     if device.type == "cuda":
         import torch
 
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + cached)
     try:
         with open("/proc/meminfo") as f:
             for line in f:
