@@ -1,6 +1,6 @@
 """GPU smoke test for the `hf` policy, run as it is on a lent device machine (see ../shared/GPU.md).
 
-Builds a Qwen2 model from a config (about 0.36 B parameters, random weights, bf16) with the tiny
+Builds a Qwen2 model from a config (about 0.27 B parameters, random weights, bf16) with the tiny
 policy's tokenizer (no download), then:
   1. runs the rollout runner on `records` held-out with 1, 32 and 128 concurrent episodes and
      prints generated tok/s and the outcome counts (an `infra_error` means the CUDA path broke);

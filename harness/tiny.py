@@ -10,6 +10,8 @@ ChatML special tokens and the Qwen2.5-style tool chat template, and a randomly i
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 from toolgym.harness.chat import load_template
@@ -53,7 +55,11 @@ def build_tiny_policy(out_dir: str | Path = DEFAULT_DIR, vocab_size: int = 1024,
         if template.exists() and template.read_text() != load_template("qwen2.5"):
             template.write_text(load_template("qwen2.5"))
         return out
-    out.mkdir(parents=True, exist_ok=True)
+    # built under a name of this process's own and published whole by a rename: another process
+    # (a second test worker, a second campaign) never loads a half-written directory
+    final, out = out, out.with_name(f"{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
 
     bpe = Tokenizer(models.BPE(unk_token=None))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -78,4 +84,12 @@ def build_tiny_policy(out_dir: str | Path = DEFAULT_DIR, vocab_size: int = 1024,
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     model.save_pretrained(out)
-    return out
+    if overwrite:
+        shutil.rmtree(final, ignore_errors=True)
+    try:
+        out.rename(final)
+    except OSError:  # `final` is a directory with files in it
+        if not (final / "config.json").exists():  # not another build: the user's directory, keep its files
+            shutil.copytree(out, final, dirs_exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)  # else another process published the same build first
+    return final

@@ -194,7 +194,9 @@ def build_site_layer(project: Project, layers: Path) -> Path:
     dest = layers / f"{_norm(project.name)}-{digest}"
     if (dest / ".complete").exists():
         return dest
-    tmp = dest.with_name(dest.name + ".partial")
+    # built under a name of this process's own: two processes mining at once (two test workers,
+    # two miners) each build their copy, and the first to publish wins
+    tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if project.test_requirements:
@@ -209,6 +211,10 @@ def build_site_layer(project: Project, layers: Path) -> Path:
     (tmp / ".complete").write_text("\n".join(project.test_requirements) + "\n")
     for path in [tmp, *tmp.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the sandbox's unowned uid
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
+    if not (dest / ".complete").exists():
+        shutil.rmtree(dest, ignore_errors=True)  # an incomplete layer of an older, interrupted build
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process published it meanwhile: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -94,8 +95,17 @@ def import_task(task_dir: Path, split: str = "held-out") -> Task:
         digest = hashlib.sha256(json.dumps(sorted((p.relative_to(site).as_posix(), p.stat().st_size)
                                                   for p in site.rglob("*") if p.is_file())).encode()).hexdigest()[:12]
         name = f"harbor-{digest}"
-        if not (cache_dir() / "layers" / name).is_dir():
-            shutil.copytree(site, cache_dir() / "layers" / name, symlinks=True)
+        layer = cache_dir() / "layers" / name
+        if not layer.is_dir():
+            # copied under a name of this process's own, then published whole: a layer directory
+            # is never seen half-copied by another process importing the same task
+            partial = layer.with_name(f"{name}.partial-{os.getpid()}")
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(site, partial, symlinks=True)
+            try:
+                partial.rename(layer)
+            except OSError:  # another process published it first
+                shutil.rmtree(partial, ignore_errors=True)
         data["site_layer"] = name
     files = {f"tests/{rel}": text for rel, text in _texts(task_dir / "tests").items()}
     files["environment/Dockerfile"] = dockerfile

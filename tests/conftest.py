@@ -51,6 +51,28 @@ def pytest_sessionstart(session) -> None:
     threading.Thread(target=_watch_descendants, daemon=True, name="run-pids").start()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """With several test workers (`pytest -n`, as `scripts/test.sh` runs them): a worker closes
+    what lives as long as it does before it reports back, and the controller, once every worker
+    has exited, checks that the whole run left nothing behind (`test_zz_leftovers.py` runs in one
+    worker and sees only that worker's share). A leftover fails the run with one line per kind."""
+    from leftovers import close_process_services, find_leftovers
+
+    if hasattr(session.config, "workerinput"):
+        close_process_services()
+    elif session.config.pluginmanager.hasplugin("dsession"):
+        nodes = getattr(session.config.pluginmanager.getplugin("dsession"), "nodemanager", None)
+        if nodes is not None:
+            nodes.teardown_nodes()  # every worker gone first (xdist's own hook, after this one, would do it next)
+        problems = find_leftovers(RUN_PIDS)
+        if problems:
+            writer = session.config.get_terminal_writer()
+            writer.line()
+            writer.line("the test run left behind: " + "; ".join(problems), red=True, bold=True)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def run_cli(*args: str, input: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `python -m toolgym.cli ...` in a fresh process, as a user would run `toolgym ...`."""
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}

@@ -229,7 +229,7 @@ def test_close_leaves_nothing(backend):
     from toolgym.sandbox import SandboxConfig, make_sandbox
 
     box = make_sandbox(dict(WORKSPACE_FILES), SandboxConfig(backend=backend))
-    box.exec("sleep 100 &")
+    box.exec("sleep 4243 &")  # a duration no other test uses: the check below looks machine-wide
     if backend == "bwrap":
         state = box.state
         box.close()
@@ -243,6 +243,6 @@ def test_close_leaves_nothing(backend):
         assert not state.exists()
     import subprocess
 
-    assert subprocess.run(["pgrep", "-f", "sleep 10[0]"], capture_output=True).stdout == b""
+    assert subprocess.run(["pgrep", "-f", "sleep 424[3]"], capture_output=True).stdout == b""
     with pytest.raises(SandboxError, match="closed"):
         box.exec("true")
