@@ -10,11 +10,11 @@ ChatML special tokens and the Qwen2.5-style tool chat template, and a randomly i
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 from toolgym.harness.chat import load_template
+from toolgym.sandbox.fs import publish, staging_name
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
                   "<tool_response>", "</tool_response>", "<think>", "</think>"]
@@ -55,10 +55,9 @@ def build_tiny_policy(out_dir: str | Path = DEFAULT_DIR, vocab_size: int = 1024,
         if template.exists() and template.read_text() != load_template("qwen2.5"):
             template.write_text(load_template("qwen2.5"))
         return out
-    # built under a name of this process's own and published whole by a rename: another process
-    # (a second test worker, a second campaign) never loads a half-written directory
-    final, out = out, out.with_name(f"{out.name}.partial-{os.getpid()}")
-    shutil.rmtree(out, ignore_errors=True)
+    # built under a staging name and published whole: another process (a second test worker, a
+    # second campaign) never loads a half-written directory
+    final, out = out, staging_name(out)
     out.mkdir(parents=True)
 
     bpe = Tokenizer(models.BPE(unk_token=None))
@@ -86,10 +85,10 @@ def build_tiny_policy(out_dir: str | Path = DEFAULT_DIR, vocab_size: int = 1024,
     model.save_pretrained(out)
     if overwrite:
         shutil.rmtree(final, ignore_errors=True)
-    try:
-        out.rename(final)
-    except OSError:  # `final` is a directory with files in it
-        if not (final / "config.json").exists():  # not another build: the user's directory, keep its files
-            shutil.copytree(out, final, dirs_exist_ok=True)
-        shutil.rmtree(out, ignore_errors=True)  # else another process published the same build first
+    if not (final / "config.json").exists() and final.is_dir() and any(final.iterdir()):
+        # a directory of the user's with other files in it: write into it, keeping them
+        shutil.copytree(out, final, dirs_exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
+    else:
+        publish(out, final)  # if another process published the same build first, theirs stays
     return final

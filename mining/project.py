@@ -23,6 +23,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolgym.sandbox.fs import publish, staging_name
+
 #: Files never copied into a workspace: build output, VCS data, caches, editor and CI config.
 SKIP_DIRS = {".git", ".github", ".hg", "__pycache__", "build", "dist", ".tox", ".nox", ".venv", "docs", "doc", "documentation",
              "benchmarks", "benchmark", ".pytest_cache", "ci_tools", "changelog.d", "tools", "bin", "code_templates"}
@@ -194,10 +196,9 @@ def build_site_layer(project: Project, layers: Path) -> Path:
     dest = layers / f"{_norm(project.name)}-{digest}"
     if (dest / ".complete").exists():
         return dest
-    # built under a name of this process's own: two processes mining at once (two test workers,
-    # two miners) each build their copy, and the first to publish wins
-    tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # built under a staging name: two processes mining at once (two test workers, two miners)
+    # each build their copy, and the first to publish wins
+    tmp = staging_name(dest)
     tmp.mkdir(parents=True)
     if project.test_requirements:
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
@@ -213,8 +214,5 @@ def build_site_layer(project: Project, layers: Path) -> Path:
         path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the sandbox's unowned uid
     if not (dest / ".complete").exists():
         shutil.rmtree(dest, ignore_errors=True)  # an incomplete layer of an older, interrupted build
-    try:
-        tmp.rename(dest)
-    except OSError:  # another process published it meanwhile: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+    publish(tmp, dest)
     return dest

@@ -1,4 +1,5 @@
-"""File-tree helpers: read a tree into entries, merge an overlay (lower + upper), hash and diff.
+"""File-tree helpers: read a tree into entries, merge an overlay (lower + upper), hash and diff;
+publish a cache entry built under a staging name.
 
 An `Entry` is (kind, mode, digest): digest is the sha256 of a file's bytes or a symlink's target.
 The workspace hash covers paths, modes, bytes and link targets, so deletes, renames, permission
@@ -11,6 +12,7 @@ import hashlib
 import os
 import shutil
 import stat
+import uuid
 from pathlib import Path
 from typing import NamedTuple
 
@@ -293,3 +295,25 @@ def materialize(lower: str | Path, upper: str | Path, dest: str | Path) -> None:
 
     if os.path.isdir(upper):
         walk(str(upper), "")
+
+
+def staging_name(path: str | Path) -> Path:
+    """A sibling of `path` no other thread or process will pick: build a cache entry there, then
+    `publish` it, so no reader ever sees it half-built."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def publish(staged: str | Path, path: str | Path) -> bool:
+    """Atomically move a finished `staged` file or directory to `path`. If another builder
+    published a directory there first, keep theirs and drop ours; returns whether ours is the
+    one in place."""
+    try:
+        if Path(staged).is_file():
+            os.replace(staged, path)  # files: replacing an identical copy is harmless
+        else:
+            os.rename(staged, path)  # directories: fails if another builder published first
+        return True
+    except OSError:
+        shutil.rmtree(staged, ignore_errors=True)
+        return False

