@@ -181,15 +181,27 @@ def sandbox(backend):
 @pytest.fixture(scope="session")
 def mined(tmp_path_factory):
     """Two small projects mined into one suite: `tinytext` (train) and `tinyheld` (held-out),
-    every kept task verified on both backends by the miner itself."""
+    every kept task verified on both backends by the miner itself. Mined once per test run:
+    with several workers, the first to ask mines it (under a lock) in the run's shared temp
+    directory and the others read it (the tests only read the suite)."""
+    import fcntl
+    import pickle
+
     from mining_fixture import build_sdist
 
     from toolgym.mining.miner import MineOptions, mine_project, write_header
 
-    root = tmp_path_factory.mktemp("mined")
-    out = root / "suite"
-    reports = [mine_project(str(build_sdist(root / "sdists", name)), split, out,
-                            MineOptions(max_tasks=6, max_tries=30, backends=("bwrap", "docker")), log=lambda m: None)
-               for name, split in (("tinytext", "train"), ("tinyheld", "held-out"))]
-    write_header(out, "tiny-mined", "0", reports)
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "mined"
+    root.mkdir(exist_ok=True)
+    out, done = root / "suite", root / "reports.pickle"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return out, pickle.loads(done.read_bytes())
+        reports = [mine_project(str(build_sdist(root / "sdists", name)), split, out,
+                                MineOptions(max_tasks=6, max_tries=30, backends=("bwrap", "docker")), log=lambda m: None)
+                   for name, split in (("tinytext", "train"), ("tinyheld", "held-out"))]
+        write_header(out, "tiny-mined", "0", reports)
+        done.write_bytes(pickle.dumps(reports))
     return out, reports
