@@ -223,13 +223,14 @@ def test_read_write_files_and_escapes(sandbox):
 
 
 def test_close_leaves_nothing(backend):
-    import os
+    import uuid
 
     from conftest import WORKSPACE_FILES
     from toolgym.sandbox import SandboxConfig, make_sandbox
 
     box = make_sandbox(dict(WORKSPACE_FILES), SandboxConfig(backend=backend))
-    box.exec("sleep 4243 &")  # a duration no other test uses: the check below looks machine-wide
+    token = f"tg-close-{uuid.uuid4().hex}"  # in the argv of the process this test leaves, and nowhere else
+    box.exec(f"python3 -c 'import time; time.sleep(100)' {token} >/dev/null 2>&1 &")
     if backend == "bwrap":
         state = box.state
         box.close()
@@ -241,9 +242,7 @@ def test_close_leaves_nothing(backend):
 
         assert not [c for c in client().containers.list(all=True) if c.id == cid]
         assert not state.exists()
-    import subprocess
-
-    assert subprocess.run(["pgrep", "-f", "sleep 424[3]"], capture_output=True).stdout == b""
+    assert _processes_marked(token) == []
     with pytest.raises(SandboxError, match="closed"):
         box.exec("true")
 
