@@ -205,6 +205,7 @@ def build_site_layer(project: Project, layers: Path) -> Path:
                                "--no-compile", "--only-binary", ":all:", "--python-version", "3.11", "--target",
                                str(tmp), *project.test_requirements], capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # no half-built copy left in the cache
             raise MiningError(f"{project.key}: cannot install its test requirements {project.test_requirements}: "
                               f"{(proc.stderr or proc.stdout).strip()[-300:]}")
         for shadow in list(tmp.glob("pytest*")) + list(tmp.glob("_pytest*")) + list(tmp.glob("pluggy*")):
