@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from toolgym.sandbox.base import IMAGE_TAG, cache_dir
+from toolgym.sandbox.base import IMAGE_TAG, site_layer_dir
 from toolgym.sandbox.fs import publish, staging_name
 from toolgym.tasks.task import HiddenSpec, Task, ToolCall
 
@@ -95,7 +95,7 @@ def import_task(task_dir: Path, split: str = "held-out") -> Task:
         digest = hashlib.sha256(json.dumps(sorted((p.relative_to(site).as_posix(), p.stat().st_size)
                                                   for p in site.rglob("*") if p.is_file())).encode()).hexdigest()[:12]
         name = f"harbor-{digest}"
-        layer = cache_dir() / "layers" / name
+        layer = site_layer_dir(name)
         if not layer.is_dir():
             # copied under a staging name, then published whole: a layer directory is never seen
             # half-copied by another process importing the same task
