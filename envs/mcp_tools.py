@@ -45,6 +45,8 @@ BRIDGE = 'exec 3<&0; cat <&3 > "$1" & exec 3<&- cat < "$2"'
 START_TIMEOUT_S = 30.0
 #: The server's exec ends with the episode; this only bounds a server nobody stopped.
 SERVER_LIFETIME_S = 6 * 3600.0
+#: Seconds to wait for a failed server's exit code and stderr before saying why it failed.
+EXIT_REPORT_S = 5.0
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
@@ -91,6 +93,13 @@ def mcp_tool_spec(tool_info: Any) -> MCPToolSpec:
                        final=False, args_model=None, parameters=schema)  # type: ignore[arg-type]
 
 
+def _describe(err: BaseException) -> str:
+    """`Type: message` of the innermost cause (anyio wraps a failed session in an ExceptionGroup)."""
+    while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+        err = err.exceptions[0]
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
 class SandboxMCPServer:
     """One MCP server process inside `box` for one episode, and the SDK's client session to it.
 
@@ -132,7 +141,10 @@ class SandboxMCPServer:
             self.tools = ready.result(timeout=start_timeout_s)
             self._started = True
         except Exception as err:
-            why = self._why(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+            # The session usually fails because the server exited; its exec's result (exit code,
+            # stderr) comes back a moment later on the other thread, so wait briefly for it.
+            self._exec.join(timeout=EXIT_REPORT_S)
+            why = self._why(_describe(err))
             self.stop()
             raise SandboxError(f"the MCP server `{command}` did not start: {why}") from None
 
@@ -192,7 +204,8 @@ class SandboxMCPServer:
             self.stop()
             raise ToolError(f"no answer within {timeout_s:.0f} s; the MCP server was stopped") from None
         except Exception as err:
-            raise ToolError(f"the MCP server failed: {self._why(str(err) or type(err).__name__)}") from None
+            self._exec.join(timeout=EXIT_REPORT_S)  # as at the start: its exit report may be on its way
+            raise ToolError(f"the MCP server failed: {self._why(_describe(err))}") from None
         parts = []
         for block in result.content or []:
             text = getattr(block, "text", None)
