@@ -145,3 +145,30 @@ def test_tis_is_off_on_policy_and_on_off_policy_by_default(tiny_dir):
     assert Learner(policy.model, LearnerConfig()).tis_cap() is None
     assert Learner(policy.model, LearnerConfig(), off_policy=True).tis_cap() == DEFAULT_TIS_CAP
     assert Learner(policy.model, LearnerConfig(tis_cap=None), off_policy=True).tis_cap() is None
+
+
+def test_the_sft_anchor_adds_its_coefficient_times_the_demonstrations_nll(tiny_dir, demo_batch):
+    """PPO-ptx: the anchored update's gradient is the policy loss's plus coef x the token-mean
+    NLL of the demonstrations, whatever the micro-batch split; without the anchor it is the
+    policy loss's alone."""
+    anchor = TokenBatch(demo_batch.input_ids[3:], demo_batch.attention[3:], demo_batch.mask[3:],
+                        demo_batch.rollout_logp[3:], torch.zeros(3))  # three of the rows, as demonstrations
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    logp, _ = sequence_logprobs(policy.model, demo_batch.input_ids, demo_batch.attention)
+    pg = _hand_loss(logp, demo_batch, "ppo", "token-mean", 0.2, 0.28)
+    a_logp, _ = sequence_logprobs(policy.model, anchor.input_ids, anchor.attention)
+    nll = -(a_logp * anchor.mask).sum() / anchor.mask.sum()
+    (pg + 0.3 * nll).backward()
+    by_hand = _grads(policy.model)
+
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    learner = Learner(policy.model, LearnerConfig(token_budget=600, grad_clip=1e9), generation_budget=BUDGET)
+    learner._step = lambda: 0.0
+    metrics = learner.rl_step(demo_batch, anchor=anchor, anchor_coef=0.3)
+    assert learner.last_micro_batches >= 3  # the RL batch really was split
+    assert torch.allclose(_grads(policy.model), by_hand, atol=1e-6, rtol=1e-4)
+    assert metrics["anchor_nll"] == pytest.approx(float(nll), rel=1e-4)
+    assert metrics["anchor_tokens"] == int(anchor.mask.sum())
+    plain, plain_metrics, _ = _learner_grads(tiny_dir, demo_batch, LearnerConfig(token_budget=600, grad_clip=1e9))
+    assert not torch.allclose(plain, by_hand, atol=1e-6, rtol=1e-4)  # the anchor really moved the gradient
+    assert "anchor_nll" not in plain_metrics

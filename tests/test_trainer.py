@@ -272,3 +272,35 @@ def test_micro_batches_keep_rows_with_a_shared_prefix_together():
     tight = micro_batches(lengths, 120, rows)  # the budget still rules: at most 2 rows of ~57 tokens
     assert sorted(i for g in tight for i in g) == list(range(8))
     assert all(len(g) * max(lengths[i] for i in g) <= 120 or len(g) == 1 for g in tight)
+
+
+def test_the_sft_anchor_replays_the_sft_demonstrations_drawn_by_step(tmp_path):
+    """`rl.sft_anchor` packs `sft_anchor_batch` of the SFT stage's own demonstrations per step,
+    the same ones for the same step (a resumed run replays what an uninterrupted one did), and
+    an update with it reports the anchor's NLL; off, there is no anchor batch."""
+    data = _small_config(tmp_path)
+    data["rl"].update(sft_anchor=0.5, sft_anchor_batch=3)
+    campaign = Campaign(load_config(_write(tmp_path, data)), progress=False)
+    try:
+        from toolgym.trainers.checkpoint import MetricsLog
+
+        campaign.metrics = MetricsLog(campaign.run_dir)
+        first, again, other = campaign.anchor_batch(1), campaign.anchor_batch(1), campaign.anchor_batch(2)
+        assert first.input_ids.shape[0] == 3 and first.tokens > 0
+        assert torch.equal(first.input_ids, again.input_ids)
+        assert not torch.equal(first.input_ids, other.input_ids)
+        demo_rows = {tuple(t.token_ids) for t in campaign.demonstrations()}
+        for row, n in zip(first.input_ids.tolist(), first.attention.sum(1).tolist()):
+            assert tuple(row[:n]) in demo_rows  # the SFT stage's demonstrations, not new data
+        rl_batch = pack(campaign.demonstrations()[:4], [1.0, -1.0, 0.5, -0.5], campaign.policy.pad_id)
+        metrics = campaign.trainer.run("rl", (rl_batch, first, 0.5))
+        assert metrics["anchor_nll"] > 0 and metrics["anchor_tokens"] == first.tokens
+    finally:
+        campaign.close()
+    data["rl"]["sft_anchor"] = 0.0
+    data["out_dir"] = str(tmp_path / "off")
+    off = Campaign(load_config(_write(tmp_path, data)), progress=False)
+    try:
+        assert off.anchor_batch(1) is None
+    finally:
+        off.close()

@@ -162,6 +162,7 @@ class Campaign:
         self._last_step_end: float | None = None
         # the rollout thread draws tasks while the learner updates the samplers (async mode)
         self._draw_lock = threading.Lock()
+        self.demos: list[Trajectory] | None = None  # the SFT stage's demonstrations (rl.sft_anchor replays them)
 
     # ---- environments and agents ----------------------------------------------------------------
 
@@ -350,10 +351,7 @@ class Campaign:
     def sft_stage(self) -> None:
         """Warm start on oracle demonstrations of train tasks (same renderer and masks as RL)."""
         s = self.config.sft
-        demos, checks = oracle_demonstrations(self.train_tasks, s.demos_per_suite, self.tokenizer, self.make_env,
-                                              self.config.rollout.concurrency, self.progress, self.console)
-        assert self.metrics is not None
-        self.metrics.log(0, checks, kind="oracle")
+        demos = self.demonstrations()
         self.trainer.run("restart_optimizer", s.lr)  # a fresh optimizer for SFT, another for RL after
         with sft_progress(s.steps, self.progress) as advance:
             for i, chosen in enumerate(sft_batches(demos, s.steps, s.batch_size, self.rng)):
@@ -363,6 +361,29 @@ class Campaign:
                 advance(m["sft_loss"])
         self.trainer.run("restart_optimizer", self.config.rl.learner.lr)
         release_memory()
+
+    def demonstrations(self) -> list[Trajectory]:
+        """The oracle demonstrations of the first `sft.demos_per_suite` train tasks of every suite,
+        played and checked once (logged as the `oracle` row), then kept."""
+        if self.demos is None:
+            self.demos, checks = oracle_demonstrations(self.train_tasks, self.config.sft.demos_per_suite, self.tokenizer,
+                                                       self.make_env, self.config.rollout.concurrency, self.progress,
+                                                       self.console)
+            assert self.metrics is not None
+            self.metrics.log(0, checks, kind="oracle")
+        return self.demos
+
+    def anchor_batch(self, step: int) -> Any:
+        """Step `step`'s SFT-anchor demonstrations, packed (drawn from the step alone, so a resumed
+        campaign draws the same ones), or None when `rl.sft_anchor` is off."""
+        rl = self.config.rl
+        if rl.sft_anchor <= 0:
+            return None
+        demos = self.demonstrations()
+        rng = np.random.default_rng([self.config.seed, step, 0x5F7])
+        chosen = rng.choice(len(demos), size=min(max(rl.sft_anchor_batch, self.world), len(demos)), replace=False)
+        return pack([demos[int(i)] for i in chosen], [0.0] * len(chosen), self.policy.pad_id,
+                    self.config.rollout.max_total_tokens)
 
     # ---- RL -------------------------------------------------------------------------------------
 
@@ -489,7 +510,9 @@ class Campaign:
                 train = []
             if train:
                 packed = pack([t for t, _ in train], [a for _, a in train], self.policy.pad_id, c.rollout.max_total_tokens)
-                train_metrics = self.trainer.run("rl", packed)
+                anchor = self.anchor_batch(batch.step)
+                train_metrics = self.trainer.run("rl", packed if anchor is None else
+                                                 (packed, anchor, c.rl.sft_anchor))
             metrics["trained_trajectories"] = len(train)
         metrics.update(train_metrics)
         self.publish(self.step)

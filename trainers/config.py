@@ -85,6 +85,11 @@ class RLSettings(_Strict):
                           "filtering), penalize = DAPO's soft overlong punishment on the reward, keep = as graded")
     overlong_buffer: int = Field(default=256, ge=1, description="penalize: the last this many tokens of the "
                                  "generation budget cost a linearly growing penalty (up to 1; a truncated episode: 1)")
+    sft_anchor: float = Field(default=0.0, ge=0, description="PPO-ptx (InstructGPT): each RL update also "
+                              "minimises this times the token-mean NLL of `sft_anchor_batch` oracle demonstrations "
+                              "(the SFT stage's own), so behaviours the step's rollouts never exercise are not "
+                              "unlearned; 0 = off")
+    sft_anchor_batch: int = Field(default=4, ge=1, description="demonstrations per RL update for sft_anchor")
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
 

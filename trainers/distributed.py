@@ -76,8 +76,10 @@ class Coordinator:
         if self.rank == 0:
             self.send(op, payload)
         learner = self.learner
-        if op == "rl":
-            return learner.rl_step(learner.shard(payload))
+        if op == "rl":  # a TokenBatch, or (batch, anchor demonstrations, anchor coefficient)
+            batch, anchor, coef = payload if isinstance(payload, tuple) else (payload, None, 0.0)
+            return learner.rl_step(learner.shard(batch), anchor=learner.shard(anchor) if anchor is not None else None,
+                                   anchor_coef=coef)
         if op == "sft":
             return learner.sft_step(learner.shard(payload))
         if op == "restart_optimizer":

@@ -236,9 +236,12 @@ class Learner:
 
     # ---- RL -----------------------------------------------------------------------------------
 
-    def rl_step(self, batch: TokenBatch) -> dict[str, Any]:
-        """One policy-gradient update on `batch`; returns the step's metrics."""
+    def rl_step(self, batch: TokenBatch, anchor: TokenBatch | None = None, anchor_coef: float = 0.0) -> dict[str, Any]:
+        """One policy-gradient update on `batch`; returns the step's metrics. With `anchor`
+        (demonstrations) and `anchor_coef` > 0, every optimizer step also minimises `anchor_coef`
+        times their token-mean NLL (InstructGPT's PPO-ptx, with the SFT data as the anchor)."""
         c = self.config
+        anchored = anchor is not None and anchor_coef > 0
         start = time.perf_counter()
         batch = batch.to(self.device)
         lengths = batch.attention.sum(1).tolist()
@@ -253,7 +256,7 @@ class Learner:
         sums: dict[str, float] = {}
         weights_seen: dict[str, float] = {}
         gap_max = 0.0
-        norms = []
+        norms, anchor_nll = [], []
         agg, norm, cap = self.loss["agg"], self._agg_norm(batch), self.tis_cap()
         eps_low = self.loss["eps_low"]
         if eps_low is None and c.loss != "cispo":
@@ -283,7 +286,7 @@ class Learner:
                     loss = loss + c.kl_beta * kl
                     stats["kl"] = float(kl.detach())
                 w = _micro_weight(agg, mb.mask, total_tokens, total_seqs, nonempty)
-                self._backward(loss * w, last=n_group == len(groups) - 1)
+                self._backward(loss * w, last=not anchored and n_group == len(groups) - 1)
                 gap = ca.mismatch_stats(old_logp, mb.rollout_logp, mb.mask, cap)
                 gap_max = max(gap_max, gap.pop("logprob_gap_max"))
                 stats.update(loss=float(loss.detach()), entropy=float((entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1)),
@@ -296,6 +299,10 @@ class Learner:
                     else:
                         sums[k] = sums.get(k, 0.0) + v * w / len(chunks)
                         weights_seen[k] = weights_seen.get(k, 0.0) + w / len(chunks)
+            if anchored:  # after the RL micro-batches: the step's metrics describe those
+                micro = (self.last_micro_batches, self.last_token_budget)
+                anchor_nll.append(self._nll_pass(anchor, anchor_coef, "RL step's SFT anchor"))
+                self.last_micro_batches, self.last_token_budget = micro
             norms.append(self._step())
         self._reduce_stats(sums, weights_seen)
         out = {k: (v / weights_seen[k] if k in weights_seen and weights_seen[k] > 0 else v) for k, v in sums.items()}
@@ -304,6 +311,9 @@ class Learner:
         out.update(logprob_gap_max=gap_max, tis_cap=cap or 0.0, grad_norm=max(norms), train_tokens=batch.tokens,
                    train_seconds=elapsed, train_tokens_per_s=batch.tokens / max(elapsed, 1e-9),
                    micro_batches=self.last_micro_batches, token_budget=self.last_token_budget)
+        if anchored:
+            out.update(anchor_nll=sum(anchor_nll) / len(anchor_nll), anchor_coef=anchor_coef,
+                       anchor_tokens=int(anchor.mask.sum()))
         return out
 
     def tis_cap(self) -> float | None:
@@ -328,27 +338,36 @@ class Learner:
 
     # ---- SFT ----------------------------------------------------------------------------------
 
-    def sft_step(self, batch: TokenBatch) -> dict[str, Any]:
-        """One masked-NLL step on the policy tokens of `batch` (token-mean over the batch)."""
-        start = time.perf_counter()
+    def _nll_pass(self, batch: TokenBatch, coef: float, what: str) -> float:
+        """Backward of `coef` times the token-mean NLL of `batch`'s policy tokens (accumulated into
+        the gradients, no optimizer step); returns that NLL, batch-wide. Keeps the token and
+        argmax-token counts in `self.last_nll_counts` for the SFT step's metrics."""
         batch = batch.to(self.device)
         (total,) = self._totals(float(batch.mask.sum()))
         nll_sum, correct = 0.0, 0.0
-        groups = self._micro_batches(batch, "SFT step")
+        groups = self._micro_batches(batch, what)
         for n_group, group in enumerate(groups):
             if group is None:
                 self._idle_pass(batch, last=n_group == len(groups) - 1)
                 continue
             mb = select(batch, group)
             logp, _ = self._logprobs(mb)
-            loss = -(logp * mb.mask).sum() / max(total, 1.0)
+            loss = -(logp * mb.mask).sum() * (coef / max(total, 1.0))
             self._backward(loss, last=n_group == len(groups) - 1)
             nll_sum += float(-(logp.detach() * mb.mask).sum())
             correct += float(((logp.detach() > -0.6931) * mb.mask).sum())  # p > 1/2: the argmax token
-        norm = self._step()
         nll_sum, correct = self._totals(nll_sum, correct)
+        self.last_nll_counts = (total, correct)
+        return nll_sum / max(total, 1.0)
+
+    def sft_step(self, batch: TokenBatch) -> dict[str, Any]:
+        """One masked-NLL step on the policy tokens of `batch` (token-mean over the batch)."""
+        start = time.perf_counter()
+        nll = self._nll_pass(batch, 1.0, "SFT step")
+        total, correct = self.last_nll_counts
+        norm = self._step()
         elapsed = time.perf_counter() - start
-        return {"sft_loss": nll_sum / max(total, 1.0), "sft_token_accuracy": correct / max(total, 1.0),
+        return {"sft_loss": nll, "sft_token_accuracy": correct / max(total, 1.0),
                 "grad_norm": norm, "train_tokens": int(total), "train_seconds": elapsed,
                 "train_tokens_per_s": total / max(elapsed, 1e-9)}
 
