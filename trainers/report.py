@@ -19,7 +19,7 @@ CURVES = [
     ("policy", ["entropy", "kl", "clip_frac_low", "clip_frac_high"]),
     ("ratios", ["ratio_mean", "ratio_min", "ratio_max"]),
     ("mismatch", ["logprob_gap_mean", "logprob_gap_max"]),
-    ("optimisation", ["loss", "grad_norm"]),
+    ("optimisation", ["loss", "grad_norm", "anchor_nll"]),
     ("lengths", ["response_tokens_mean", "episode_tokens_mean", "truncation_rate"]),
     ("tools", ["tool_calls_mean", "tool_errors_mean", "turns_mean"]),
     ("throughput", ["rollout_tokens_per_s", "train_tokens_per_s"]),
