@@ -177,6 +177,24 @@ def build_tiny(out: Optional[Path] = typer.Option(None, help="directory (default
 
 
 
+def _is_evaluation(d: Path) -> bool:
+    return (d / "report.json").exists() and (d / "trajectories.jsonl").exists()
+
+
+def _evaluation_dir(d: Path) -> Path:
+    """`d`, or the one suite evaluation inside it (a campaign's `OUT/eval/STAGE` holds one per
+    suite); a CLIError that names the candidates otherwise."""
+    if _is_evaluation(d):
+        return d
+    inside = sorted(p for p in d.iterdir() if p.is_dir() and _is_evaluation(p)) if d.is_dir() else []
+    if len(inside) == 1:
+        console.print(f"{d}: comparing its one suite evaluation, {inside[0]}")
+        return inside[0]
+    hint = f"; it holds one per suite, name one: {', '.join(str(p) for p in inside)}" if inside else ""
+    raise CLIError(f"{d}: not an evaluation directory (needs report.json and trajectories.jsonl from "
+                   f"`toolgym eval --out`){hint}")
+
+
 @app.command()
 def compare(first: Path = typer.Argument(..., help="an evaluation directory (report.json, trajectories.jsonl)"),
             second: Path = typer.Argument(..., help="another evaluation of the same tasks")) -> None:
@@ -187,10 +205,8 @@ def compare(first: Path = typer.Argument(..., help="an evaluation directory (rep
 
     loaded = []
     for d in (first, second):
+        d = _evaluation_dir(d)
         report, trajs = d / "report.json", d / "trajectories.jsonl"
-        if not report.exists() or not trajs.exists():
-            raise CLIError(f"{d}: not an evaluation directory (needs report.json and trajectories.jsonl from "
-                           "`toolgym eval --out`)")
         try:
             loaded.append((EvalReport.model_validate_json(report.read_text()), read_jsonl(trajs)))
         except ValueError as err:

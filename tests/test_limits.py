@@ -5,6 +5,7 @@ best-of-N and majority vote beside pass@k. A campaign step draws more tasks when
 groups leave too few informative ones (dynamic sampling) and drops overlong episodes."""
 
 import asyncio
+import shutil
 import subprocess
 import sys
 
@@ -170,6 +171,15 @@ def test_compare_cli_warns_loudly_on_different_budgets(tmp_path):
     assert "+0.0 points" in result.stdout and "0 task(s) flipped to pass" in result.stdout
     bad = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "nowhere"))
     assert bad.returncode != 0 and "not an evaluation directory" in bad.stderr + bad.stdout
+    # a campaign's stage directory (OUT/eval/final) holds one evaluation per suite
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (tmp_path / "b").rename(stage / "records")
+    inside = run_cli("compare", str(tmp_path / "a"), str(stage))
+    assert inside.returncode == 0 and "+0.0 points" in inside.stdout and "its one suite evaluation" in inside.stdout
+    shutil.copytree(stage / "records", stage / "other")
+    two = run_cli("compare", str(tmp_path / "a"), str(stage))
+    assert two.returncode != 0 and "name one" in two.stderr + two.stdout
 
 
 def test_a_bf16_sampling_copy_gets_the_trained_weights_and_tis_corrects_it(tmp_path):
