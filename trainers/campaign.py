@@ -40,7 +40,7 @@ from toolgym.harness.trajectory import Trajectory, write_jsonl
 from toolgym.sandbox import SafetyPolicy, SandboxConfig, SideEffect
 from toolgym.tasks import Task, builtin_suite
 from toolgym.trainers import core_algos as ca
-from toolgym.trainers.batching import pack
+from toolgym.trainers.batching import TokenBatch, pack
 from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, read_run_state, save_checkpoint
 from toolgym.trainers.config import CampaignConfig, EnvMix
 from toolgym.trainers.distributed import Coordinator, follow, init_training_processes, under_torchrun
@@ -373,7 +373,7 @@ class Campaign:
             self.metrics.log(0, checks, kind="oracle")
         return self.demos
 
-    def anchor_batch(self, step: int) -> Any:
+    def anchor_batch(self, step: int) -> TokenBatch | None:
         """Step `step`'s SFT-anchor demonstrations, packed (drawn from the step alone, so a resumed
         campaign draws the same ones), or None when `rl.sft_anchor` is off."""
         rl = self.config.rl

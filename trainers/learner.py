@@ -268,7 +268,7 @@ class Learner:
             groups = self._micro_batches(sub, "RL step")
             for n_group, group in enumerate(groups):
                 if group is None:
-                    self._idle_pass(sub, last=n_group == len(groups) - 1)
+                    self._idle_pass(sub, last=not anchored and n_group == len(groups) - 1)
                     continue
                 mb = select(sub, group)
                 logp, entropy = self._logprobs(mb, with_entropy=True)
@@ -301,7 +301,7 @@ class Learner:
                         weights_seen[k] = weights_seen.get(k, 0.0) + w / len(chunks)
             if anchored:  # after the RL micro-batches: the step's metrics describe those
                 micro = (self.last_micro_batches, self.last_token_budget)
-                anchor_nll.append(self._nll_pass(anchor, anchor_coef, "RL step's SFT anchor"))
+                anchor_nll.append(self._nll_pass(anchor, anchor_coef, "RL step's SFT anchor")[0])
                 self.last_micro_batches, self.last_token_budget = micro
             norms.append(self._step())
         self._reduce_stats(sums, weights_seen)
@@ -338,10 +338,10 @@ class Learner:
 
     # ---- SFT ----------------------------------------------------------------------------------
 
-    def _nll_pass(self, batch: TokenBatch, coef: float, what: str) -> float:
+    def _nll_pass(self, batch: TokenBatch, coef: float, what: str) -> tuple[float, float, float]:
         """Backward of `coef` times the token-mean NLL of `batch`'s policy tokens (accumulated into
-        the gradients, no optimizer step); returns that NLL, batch-wide. Keeps the token and
-        argmax-token counts in `self.last_nll_counts` for the SFT step's metrics."""
+        the gradients, no optimizer step); returns (that NLL, policy tokens, tokens the model
+        ranks first), batch-wide."""
         batch = batch.to(self.device)
         (total,) = self._totals(float(batch.mask.sum()))
         nll_sum, correct = 0.0, 0.0
@@ -357,14 +357,12 @@ class Learner:
             nll_sum += float(-(logp.detach() * mb.mask).sum())
             correct += float(((logp.detach() > -0.6931) * mb.mask).sum())  # p > 1/2: the argmax token
         nll_sum, correct = self._totals(nll_sum, correct)
-        self.last_nll_counts = (total, correct)
-        return nll_sum / max(total, 1.0)
+        return nll_sum / max(total, 1.0), total, correct
 
     def sft_step(self, batch: TokenBatch) -> dict[str, Any]:
         """One masked-NLL step on the policy tokens of `batch` (token-mean over the batch)."""
         start = time.perf_counter()
-        nll = self._nll_pass(batch, 1.0, "SFT step")
-        total, correct = self.last_nll_counts
+        nll, total, correct = self._nll_pass(batch, 1.0, "SFT step")
         norm = self._step()
         elapsed = time.perf_counter() - start
         return {"sft_loss": nll, "sft_token_accuracy": correct / max(total, 1.0),
