@@ -204,7 +204,10 @@ class SandboxMCPServer:
             self.stop()
             raise ToolError(f"no answer within {timeout_s:.0f} s; the MCP server was stopped") from None
         except Exception as err:
-            self._exec.join(timeout=EXIT_REPORT_S)  # as at the start: its exit report may be on its way
+            from mcp.shared.exceptions import MCPError
+
+            if not isinstance(err, MCPError):  # not an error answer: the server may be gone, its report on its way
+                self._exec.join(timeout=EXIT_REPORT_S)
             raise ToolError(f"the MCP server failed: {self._why(_describe(err))}") from None
         parts = []
         for block in result.content or []:
