@@ -46,17 +46,30 @@ def main(out: str, parallel: str = "ddp") -> None:
     # a small token budget: several micro-batches per rank, a different number on each rank
     learner = Learner(model, LearnerConfig(lr=1e-2, token_budget=128, loss="ppo", agg="token-mean",
                                            parallel=parallel))
+    reductions: list[int] = []  # DDP: gradient buckets all-reduced, per step
+    if parallel == "ddp" and world > 1:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting_allreduce(state, bucket):
+            reductions[-1] += 1
+            return allreduce_hook(state, bucket)
+
+        learner.forward_model.register_comm_hook(None, counting_allreduce)
+    reductions.append(0)
     rl = learner.rl_step(mine)
     after_rl = learner.full_state_dict()  # FSDP2: gathered from the shards onto rank 0
+    reductions.append(0)
     sft = learner.sft_step(mine)
     state = learner.full_state_dict()
     # an RL step anchored by demonstrations (here the same rows): PPO-ptx's extra NLL backward
+    reductions.append(0)
     anchored = learner.rl_step(mine, anchor=mine, anchor_coef=0.5)
     after_anchor = learner.full_state_dict()
     if rank == 0:
         torch.save({"after_rl": after_rl, "state": state, "after_anchor": after_anchor, "rl_loss": rl["loss"],
                     "sft_loss": sft["sft_loss"], "anchor_nll": anchored["anchor_nll"],
-                    "grad_norm": rl["grad_norm"], "world": world}, out)
+                    "grad_norm": rl["grad_norm"], "world": world, "reductions": reductions,
+                    "micro_batches": [rl["micro_batches"], sft.get("micro_batches"), anchored["micro_batches"]]}, out)
     if dist.is_initialized():
         dist.destroy_process_group()
 

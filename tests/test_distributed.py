@@ -23,8 +23,11 @@ def test_two_process_step_matches_one_process(tmp_path, parallel):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main(str(single))  # the one-process reference, here
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(SCRIPT), str(ddp),
-                        parallel],
+    from toolgym.harness.weight_sync import free_port
+
+    # a free port of its own: torchrun's default (29500) may be taken by other work on the machine
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                        "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), str(ddp), parallel],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = torch.load(single), torch.load(ddp)
@@ -39,6 +42,9 @@ def test_two_process_step_matches_one_process(tmp_path, parallel):
         assert moved < 0.01 * LR, (stage, moved)
     changed = max((a["after_rl"][k] - a["state"][k]).abs().max().item() for k in a["state"])
     assert changed > 0.5 * LR  # the steps really moved the weights
+    if parallel == "ddp":  # gradients are reduced once per optimizer step, not once per micro-batch
+        rl, sft, anchored = b["reductions"]
+        assert b["micro_batches"][0] > 1 and rl > 0 and rl == sft == anchored, (b["reductions"], b["micro_batches"])
 
 
 def test_campaign_in_two_fsdp2_processes_matches_one_process_and_resumes(tmp_path):

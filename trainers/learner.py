@@ -130,20 +130,24 @@ class Learner:
         torch.distributed.all_reduce(t, op=ops.MAX if op == "max" else ops.SUM)
         return t.tolist()
 
-    def _backward(self, loss: torch.Tensor, last: bool) -> None:
-        """Backward of one micro-batch; DDP syncs gradients only on the last of an optimizer step
-        (and averages them over ranks: the loss is scaled back up so the step sums the shares)."""
-        if self.world == 1:
-            loss.backward()
-            return
-        if self.sharded:
-            self.model.set_requires_gradient_sync(last)
-            (loss * self.world).backward()
-            return
+    def _sync_scope(self, last: bool) -> Any:
+        """Where one micro-batch's forward and backward run: data-parallel ranks reduce gradients
+        only in the last micro-batch of an optimizer step. DDP decides at forward time whether the
+        backward reduces (`no_sync` around the backward alone still reduces every micro-batch),
+        so the scope holds both."""
         from contextlib import nullcontext
 
-        with nullcontext() if last else self.forward_model.no_sync():
-            (loss * self.world).backward()
+        if self.world == 1:
+            return nullcontext()
+        if self.sharded:
+            self.model.set_requires_gradient_sync(last)
+            return nullcontext()
+        return nullcontext() if last else self.forward_model.no_sync()
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch (inside its `_sync_scope`). DDP averages gradients over
+        ranks: the loss is scaled back up so that the step sums the ranks' shares."""
+        (loss * self.world if self.world > 1 else loss).backward()
 
     def _even(self, groups: list[list[int]]) -> list[list[int] | None]:
         """FSDP2 gathers parameters in every forward, a collective: every rank must run as many
@@ -156,7 +160,8 @@ class Learner:
     def _idle_pass(self, batch: TokenBatch, last: bool) -> None:
         """A zero-weight forward and backward on one row: keeps FSDP2's collectives in step with
         ranks that have more micro-batches (see `_even`)."""
-        self._backward(self._logprobs(select(batch, [0]))[0].sum() * 0.0, last=last)
+        with self._sync_scope(last):
+            self._backward(self._logprobs(select(batch, [0]))[0].sum() * 0.0)
 
     def shard(self, batch: TokenBatch) -> TokenBatch:
         """This rank's contiguous share of a global batch (the whole batch in one process)."""
@@ -271,22 +276,23 @@ class Learner:
                     self._idle_pass(sub, last=not anchored and n_group == len(groups) - 1)
                     continue
                 mb = select(sub, group)
-                logp, entropy = self._logprobs(mb, with_entropy=True)
-                if old:
-                    old_logp = torch.stack([old[chunk[g]][: logp.shape[1]] for g in group]).to(logp.device)
-                else:
-                    old_logp = logp.detach()
-                adv = ca.broadcast(mb.advantages, mb.mask)
-                # the behaviour policy's logprobs correct what the sampler did differently
-                tis = ca.truncated_is_weights(old_logp, mb.rollout_logp, cap) if cap else None
-                loss, stats = ca.policy_loss(c.loss, logp, old_logp, adv, mb.mask, eps_low=eps_low,
-                                             eps_high=self.loss["eps_high"], agg=agg, norm=norm, weights=tis)
-                if c.kl_beta > 0:
-                    kl = ca.aggregate(ca.kl_k3(logp, self._ref_logp(mb)), mb.mask, agg, norm)
-                    loss = loss + c.kl_beta * kl
-                    stats["kl"] = float(kl.detach())
-                w = _micro_weight(agg, mb.mask, total_tokens, total_seqs, nonempty)
-                self._backward(loss * w, last=not anchored and n_group == len(groups) - 1)
+                with self._sync_scope(last=not anchored and n_group == len(groups) - 1):
+                    logp, entropy = self._logprobs(mb, with_entropy=True)
+                    if old:
+                        old_logp = torch.stack([old[chunk[g]][: logp.shape[1]] for g in group]).to(logp.device)
+                    else:
+                        old_logp = logp.detach()
+                    adv = ca.broadcast(mb.advantages, mb.mask)
+                    # the behaviour policy's logprobs correct what the sampler did differently
+                    tis = ca.truncated_is_weights(old_logp, mb.rollout_logp, cap) if cap else None
+                    loss, stats = ca.policy_loss(c.loss, logp, old_logp, adv, mb.mask, eps_low=eps_low,
+                                                 eps_high=self.loss["eps_high"], agg=agg, norm=norm, weights=tis)
+                    if c.kl_beta > 0:
+                        kl = ca.aggregate(ca.kl_k3(logp, self._ref_logp(mb)), mb.mask, agg, norm)
+                        loss = loss + c.kl_beta * kl
+                        stats["kl"] = float(kl.detach())
+                    w = _micro_weight(agg, mb.mask, total_tokens, total_seqs, nonempty)
+                    self._backward(loss * w)
                 gap = ca.mismatch_stats(old_logp, mb.rollout_logp, mb.mask, cap)
                 gap_max = max(gap_max, gap.pop("logprob_gap_max"))
                 stats.update(loss=float(loss.detach()), entropy=float((entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1)),
@@ -351,9 +357,9 @@ class Learner:
                 self._idle_pass(batch, last=n_group == len(groups) - 1)
                 continue
             mb = select(batch, group)
-            logp, _ = self._logprobs(mb)
-            loss = -(logp * mb.mask).sum() * (coef / max(total, 1.0))
-            self._backward(loss, last=n_group == len(groups) - 1)
+            with self._sync_scope(last=n_group == len(groups) - 1):
+                logp, _ = self._logprobs(mb)
+                self._backward(-(logp * mb.mask).sum() * (coef / max(total, 1.0)))
             nll_sum += float(-(logp.detach() * mb.mask).sum())
             correct += float(((logp.detach() > -0.6931) * mb.mask).sum())  # p > 1/2: the argmax token
         nll_sum, correct = self._totals(nll_sum, correct)
