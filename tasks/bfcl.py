@@ -10,7 +10,10 @@ data, and irrelevance is BFCL's own rule (`bfcl_eval.utils.is_empty_output`: no 
 
 This module builds the single-turn tasks (`simple_python`, `multiple`, `parallel`,
 `parallel_multiple`, `irrelevance`); `bfcl_multi.py` the multi-turn ones. The split: a quarter of
-each category's ids, by a hash of the id, is held out. The oracle is BFCL's ground truth (each
+each category's ids, by a hash of the id, is held out. `bfcl-live` is BFCL's "live" data (user-
+contributed questions and functions, collected after the categories above) in the same five kinds,
+all held out: toolgym never trains on it, so a policy's score there is measured on tasks unlike
+anything its training or its usual evaluation saw. The oracle is BFCL's ground truth (each
 parameter's first acceptable value), checked against BFCL's checker at load: an entry whose ground
 truth the checker itself rejects is left out and counted (`SKIPPED`).
 """
@@ -23,7 +26,7 @@ import sys
 import types
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from toolgym.tasks.suite import HELDOUT, TRAIN, TaskLoadError, TaskSuite
 from toolgym.tasks.task import HiddenSpec, Task, ToolCall
@@ -32,6 +35,10 @@ SUITE = "bfcl"
 VERSION = "5"
 ENV_ID = "toolgym/bfcl-v0"
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+LIVE_SUITE = "bfcl-live"
+LIVE_VERSION = "1"
+#: BFCL's live single-turn categories (`live_relevance` is left out: it has no ground truth to grade).
+LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance")
 #: One id in this many is held out (by a hash of the id, per category).
 HELDOUT_EVERY = 4
 #: Entries left out at load because BFCL's checker rejects their own ground truth, by category.
@@ -77,7 +84,7 @@ def bfcl_verdict(category: str, functions: list[dict], ground_truth: list[dict],
     """BFCL's verdict for one single-turn entry: {"valid": bool, "error": ..., "error_type": ...}.
     `calls` is the decoded model output (a list of {name: arguments}) or None when undecodable."""
     ast_checker, is_empty_output, Language = checkers()
-    if category.endswith("irrelevance"):  # BFCL: passes when the model made no call (or none decodes)
+    if is_irrelevance(category):  # BFCL: passes when the model made no call (or none decodes)
         empty = calls is None or is_empty_output(calls)
         return {"valid": empty, "error": [] if empty else ["the model called a function"],
                 "error_type": "" if empty else "irrelevance:function_called"}
@@ -186,23 +193,30 @@ def _instruction(question: list[list[dict[str, Any]]]) -> str:
     return "\n\n".join(str(m.get("content", "")) for m in question[0])
 
 
-def category_tasks(category: str) -> list[Task]:
-    """Every entry of one BFCL category as a Task (entries whose ground truth BFCL rejects left out)."""
+def is_irrelevance(category: str) -> bool:
+    """BFCL's irrelevance categories (`irrelevance`, `live_irrelevance`): no call is the answer."""
+    return category.endswith("irrelevance")
+
+
+def category_tasks(category: str, split: Callable[[str], str] | None = None) -> list[Task]:
+    """Every entry of one BFCL category as a Task (entries whose ground truth BFCL rejects left out),
+    each in the split `split(id)` gives (by default `split_of`: a quarter held out)."""
+    split = split or split_of
     root = data_dir()
     entries = _read(root / f"BFCL_v4_{category}.json")
-    answers = {} if category == "irrelevance" else {
+    answers = {} if is_irrelevance(category) else {
         a["id"]: a["ground_truth"] for a in _read(root / "possible_answer" / f"BFCL_v4_{category}.json")}
     tasks, skipped = [], 0
     for entry in entries:
         truth = answers.get(entry["id"], [])
         calls = oracle_calls(truth)
-        if category != "irrelevance" and not bfcl_verdict(category, entry["function"], truth, calls)["valid"]:
+        if not is_irrelevance(category) and not bfcl_verdict(category, entry["function"], truth, calls)["valid"]:
             skipped += 1
             continue
         oracle = tuple(ToolCall(name=name, arguments=args) for call in calls for name, args in call.items())
         tasks.append(Task(
             env_id=ENV_ID, instruction=_instruction(entry["question"]), family=category,
-            split=split_of(entry["id"]),
+            split=split(entry["id"]),
             hidden=HiddenSpec(kind="score", scorer="bfcl-ast", scorer_args={
                 "category": category, "functions": entry["function"], "ground_truth": truth, "bfcl_id": entry["id"]}),
             oracle=oracle, metadata={"bfcl_id": entry["id"], "oracle_turns": "one"}))
@@ -225,5 +239,12 @@ def load_bfcl() -> TaskSuite:
     return TaskSuite(SUITE, mixed_order([t for category in CATEGORIES for t in category_tasks(category)]), VERSION)
 
 
-__all__ = ["CATEGORIES", "ENV_ID", "MODEL_NAME", "SKIPPED", "SUITE", "VERSION", "bfcl_verdict", "call_string",
+@lru_cache(maxsize=1)
+def load_bfcl_live() -> TaskSuite:
+    """BFCL's five live single-turn categories, every entry held out, categories mixed."""
+    tasks = [t for category in LIVE_CATEGORIES for t in category_tasks(category, split=lambda _id: HELDOUT)]
+    return TaskSuite(LIVE_SUITE, mixed_order(tasks), LIVE_VERSION)
+
+
+__all__ = ["CATEGORIES", "ENV_ID", "LIVE_CATEGORIES", "LIVE_SUITE", "LIVE_VERSION", "is_irrelevance", "load_bfcl_live", "MODEL_NAME", "SKIPPED", "SUITE", "VERSION", "bfcl_verdict", "call_string",
            "category_tasks", "checkers", "data_dir", "load_bfcl", "mixed_order", "multi_turn_verdict", "oracle_calls", "split_of"]

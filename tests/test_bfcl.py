@@ -12,7 +12,7 @@ from toolgym.envs.families.bfcl import tool_schema
 from toolgym.harness import FixedAgent, OracleAgent, RolloutRunner
 from toolgym.tasks import ToolCall, builtin_suite
 from toolgym.verifiers import Outcome
-from toolgym.tasks.bfcl import CATEGORIES, MODEL_NAME, SKIPPED, checkers, split_of
+from toolgym.tasks.bfcl import CATEGORIES, LIVE_CATEGORIES, MODEL_NAME, SKIPPED, checkers, is_irrelevance, split_of
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def _bfcl_direct(task, calls):
     """BFCL's own verdict, called directly on the decoded calls (no toolgym code in between)."""
     ast_checker, is_empty_output, language = checkers()
     args = task.hidden.scorer_args
-    if args["category"] == "irrelevance":
+    if is_irrelevance(args["category"]):
         return calls is None or is_empty_output(calls)
     if calls is None:
         return False
@@ -92,6 +92,38 @@ def test_toolgym_gives_bfcls_own_verdicts(suite, category):
             assert verdicts[label] == {False}, label
     if category.startswith("parallel"):
         assert verdicts["calls reordered"] == {True} and verdicts["a call missing"] == {False}
+
+
+@pytest.fixture(scope="module")
+def live():
+    return builtin_suite("bfcl-live")
+
+
+@pytest.mark.parametrize("category", LIVE_CATEGORIES)
+def test_the_live_suite_gets_bfcls_own_verdicts(live, category):
+    """BFCL's live categories: the same verdicts through toolgym as from BFCL's checker directly."""
+    for index in range(2):
+        task = _entry(live, category, index)
+        for label, calls, text in _variants(task):
+            ours, theirs = _through_toolgym(task, text), _bfcl_direct(task, calls)
+            assert ours == theirs, f"{category}[{index}] {label}: toolgym {ours}, bfcl {theirs}"
+            if label in ("oracle", "no call"):
+                assert ours == (label == "oracle" or is_irrelevance(category)), (category, label)
+
+
+def test_the_live_suite_is_all_held_out_and_unlike_the_training_suite(live, suite):
+    """Every live entry is held out (never trained on), none is a `bfcl` entry, every category is
+    in the first few hundred, the oracle passes and doing nothing passes live irrelevance only."""
+    assert live.splits == {"held-out": len(live)} and len(live) >= 2200
+    assert not {t.metadata["bfcl_id"] for t in live} & {t.metadata["bfcl_id"] for t in suite}
+    first = live.tasks[:300]
+    assert {t.family for t in first} == set(LIVE_CATEGORIES)
+    runner = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, OracleAgent(), progress=False, concurrency=32)
+    assert {t.outcome for t in runner.run(first)} == {Outcome.PASSED}
+    idle = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent("I am not sure."), progress=False,
+                         concurrency=32).run(first)
+    for t in idle:
+        assert (t.outcome == Outcome.PASSED) == (t.family == "live_irrelevance"), t.family
 
 
 def test_every_oracle_passes_and_doing_nothing_passes_irrelevance_only(suite):

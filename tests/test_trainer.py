@@ -209,8 +209,14 @@ def test_sigkill_mid_step_then_resume_continues_exactly(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     straight = _steps(Path(data2["out_dir"]))
     assert [r["tasks"] for r in straight[: done + 1]] == [r["tasks"] for r in resumed[: done + 1]]
-    for name in ("report.md", "plots/reward.png", "final-model/config.json", "tensorboard", "eval/sft", "eval/final"):
+    for name in ("report.md", "plots/reward.png", "final-model/config.json", "sft-model/config.json", "tensorboard",
+                 "eval/sft", "eval/final"):
         assert (run_dir / name).exists(), name
+    # the SFT stage's model is kept on its own: the same seed's SFT gives the same weights in both runs
+    from safetensors.torch import load_file
+
+    sft_a, sft_b = (load_file(str(d / "sft-model" / "model.safetensors")) for d in (run_dir, Path(data2["out_dir"])))
+    assert sft_a.keys() == sft_b.keys() and all(torch.equal(sft_a[k], sft_b[k]) for k in sft_a)
     report = run_cli("report", str(run_dir))
     assert report.returncode == 0 and "report:" in report.stdout
 

@@ -291,8 +291,11 @@ class Campaign:
                 self.publish(self.step)
                 self.evaluate("sft" if c.sft.steps else "initial")
                 self.checkpoint()
-            if sft_only:
+            if sft_only or (ckpt is None and c.sft.steps):
+                # the SFT stage's model on its own: RL of other seeds, or evaluations on other suites,
+                # start from the very weights this run's "SFT" numbers came from
                 self._export("sft-model")
+            if sft_only:
                 return {"step": self.step}
             pipeline = None
             if c.rollout.max_staleness > 0 and self.step < c.rl.steps:

@@ -17,7 +17,7 @@ from toolgym.envs.core import ToolEnv
 from toolgym.envs.parsing import ERROR_CLASSES, coerce_action
 from toolgym.envs.registry import register_env
 from toolgym.tasks import TRAIN, SuiteSpec, Task, TaskLoadError, register_suite
-from toolgym.tasks.bfcl import SUITE, VERSION, load_bfcl
+from toolgym.tasks.bfcl import LIVE_SUITE, LIVE_VERSION, SUITE, VERSION, is_irrelevance, load_bfcl, load_bfcl_live
 
 
 #: What the user message asks besides the question (BFCL's own prompt says the same in its words).
@@ -57,6 +57,8 @@ def register_loaded_suite(name: str, version: str, loader: Callable[[], Any], de
 
 register_loaded_suite(SUITE, VERSION, load_bfcl, "BFCL single-turn function calling (simple, multiple, parallel, "
                       "parallel_multiple, irrelevance), graded by BFCL's own AST checker")
+register_loaded_suite(LIVE_SUITE, LIVE_VERSION, load_bfcl_live, "BFCL's live single-turn categories (user-contributed; "
+                      "all held out, never trained on), graded by BFCL's own AST checker")
 
 
 class BFCLGraded(ToolEnv):
@@ -102,7 +104,7 @@ class BFCLEnv(BFCLGraded):
 
     def nothing_solves(self, task: Task) -> bool:
         """Irrelevance entries: making no call is the right answer."""
-        return task.family == "irrelevance"
+        return is_irrelevance(task.family)
 
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
