@@ -7,7 +7,9 @@ For each run: `RUN/sft-model` and `RUN/final-model` (a campaign with an SFT stag
 are evaluated on the first `--tasks` held-out tasks of `--suite` (default `bfcl-live`: BFCL's live
 categories, all held out, never trained on) with the run's greedy evaluation budget read from
 `RUN/config.yaml` (tokens per turn, per episode, turns, temperature) and the precision its
-`hardware.json` records. Prints each run's paired final - SFT difference with its 95% CI and the
+`hardware.json` records. Tasks whose first prompt leaves less than one turn's answer budget
+within the episode's token budget are skipped (counted): under the run's budget no model could
+answer them, and they would only dilute the comparison. Prints each run's paired final - SFT difference with its 95% CI and the
 per-category accuracies, then the spread over runs; writes `RUN/later/SUITE/{sft,final}/` (the
 usual evaluation folders, which `toolgym compare` reads) and `runs/bench/later_heldout.json`.
 """
@@ -41,6 +43,34 @@ def run_budget(run: Path) -> dict[str, Any]:
             "concurrency": rollout["concurrency"], "seed": config["seed"], "dtype": dtype}
 
 
+def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int) -> tuple[Any, int]:
+    """The first `count` held-out tasks of `suite` whose first prompt (rendered as the run renders
+    it, with `model`'s tokenizer and chat template) leaves a whole turn's answer budget; and how
+    many were skipped before them."""
+    from transformers import AutoTokenizer
+
+    import toolgym
+    from toolgym.harness.chat import ChatRenderer
+    from toolgym.tasks import TaskSuite
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    room = budget["max_total_tokens"] - budget["max_new_tokens"]
+    kept, skipped, envs = [], 0, {}
+    for task in suite.split("held-out").tasks:
+        env = envs.setdefault(task.env_id, toolgym.make(task.env_id).unwrapped)
+        observation, info = env.reset(options={"task": task})
+        renderer = ChatRenderer(tokenizer, tools=info.get("tools"))
+        if len(renderer.prompt_ids(renderer.initial_messages(observation))) <= room:
+            kept.append(task)
+        else:
+            skipped += 1
+        if len(kept) == count:
+            break
+    for env in envs.values():
+        env.close()
+    return TaskSuite(suite.name, kept, suite.version), skipped
+
+
 def evaluate_run(run: Path, suite_name: str, tasks: int) -> dict[str, Any]:
     """SFT and final model of `run` on `suite_name`'s first `tasks` held-out tasks; the paired gain."""
     from toolgym.cli.app import load_suite
@@ -51,11 +81,12 @@ def evaluate_run(run: Path, suite_name: str, tasks: int) -> dict[str, Any]:
     from toolgym.harness.trajectory import read_jsonl
 
     budget = run_budget(run)
-    suite = load_suite(suite_name)
+    suite, skipped = answerable(load_suite(suite_name), run / "final-model", budget, tasks)
     limits = RolloutLimits(max_turns=budget["max_turns"], max_new_tokens_per_turn=budget["max_new_tokens"],
                            max_total_tokens=budget["max_total_tokens"])
     sampling = SamplingParams(max_new_tokens=budget["max_new_tokens"], temperature=budget["temperature"])
-    out: dict[str, Any] = {"run": str(run), "suite": suite_name, "budget": budget}
+    out: dict[str, Any] = {"run": str(run), "suite": suite_name, "budget": budget, "tasks": len(suite),
+                           "skipped_too_long": skipped}
     trajectories = {}
     for stage in STAGES:
         model = run / f"{stage}-model"
@@ -95,7 +126,8 @@ def main() -> None:
                          for c, v in sorted(r["final"]["by_category"].items()))
         print(f"{r['run']}: {r['suite']} pass@1 SFT {r['sft']['pass@1']:.3f} -> final {r['final']['pass@1']:.3f} "
               f"(final - SFT {g['points']:+.1f} points, 95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired; "
-              f"{r['final']['episodes']} episodes)\n  by category: {cats}")
+              f"{r['final']['episodes']} episodes; {r['skipped_too_long']} longer prompts skipped)\n"
+              f"  by category: {cats}")
     gains = [r["final_minus_sft"]["points"] for r in results]
     if len(gains) > 1:
         print(f"over {len(gains)} runs: final - SFT mean {statistics.mean(gains):+.1f} points, "

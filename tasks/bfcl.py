@@ -37,7 +37,7 @@ ENV_ID = "toolgym/bfcl-v0"
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 LIVE_SUITE = "bfcl-live"
 LIVE_VERSION = "1"
-#: BFCL's live single-turn categories (`live_relevance` is left out: it has no ground truth to grade).
+#: BFCL's live single-turn categories (`live_relevance`, 16 entries that BFCL passes on any call at all, is left out).
 LIVE_CATEGORIES = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance")
 #: One id in this many is held out (by a hash of the id, per category).
 HELDOUT_EVERY = 4
