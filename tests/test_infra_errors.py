@@ -58,20 +58,32 @@ def test_sandbox_killed_mid_episode_is_infra_error(backend):
     assert "closed" in traj.error
 
 
-def test_cached_helper_removed_mid_run_is_infra_error():
+@pytest.fixture
+def private_wrapper(monkeypatch):
+    """A copy of the exec wrapper that only this test's sandboxes bind: removing it must not
+    break the sandboxes of other tests or other toolgym work, which bind the shared cache's."""
+    import shutil
+    import tempfile
+
+    from toolgym.sandbox import bwrap, docker_pool
     from toolgym.sandbox.native import wrapper_script
 
-    def remove_helper(env):
-        path = wrapper_script()
-        os.rename(path, str(path) + ".away")
+    home = tempfile.mkdtemp(prefix=f"toolgym-test-{os.getpid()}-")  # traversable: a root harness's sandboxes read it
+    os.chmod(home, 0o755)
+    path = os.path.join(home, os.path.basename(wrapper_script()))
+    shutil.copy2(wrapper_script(), path)
+    monkeypatch.setattr(bwrap, "wrapper_script", lambda: path)
+    monkeypatch.setattr(docker_pool, "wrapper_script", lambda: path)
+    yield path
+    shutil.rmtree(home, ignore_errors=True)
 
-    try:
-        traj = run_one("bwrap", [bash("sleep 1"), bash("touch done.txt"), ToolCall(name="submit").to_text()],
-                       during=remove_helper)
-    finally:
-        path = wrapper_script()
-        if os.path.exists(str(path) + ".away"):
-            os.rename(str(path) + ".away", path)
+
+def test_cached_helper_removed_mid_run_is_infra_error(private_wrapper):
+    def remove_helper(env):
+        os.rename(private_wrapper, private_wrapper + ".away")
+
+    traj = run_one("bwrap", [bash("sleep 1"), bash("touch done.txt"), ToolCall(name="submit").to_text()],
+                   during=remove_helper)
     # the episode's own sandbox holds its binds (its resident init keeps running), so the next
     # sandbox to start, the grader's, is the one that fails: still ours, never the agent's
     assert traj.outcome == Outcome.INFRA_ERROR, (traj.outcome, traj.error)
@@ -158,23 +170,13 @@ print(len(oks), oks.count("a\\n"), errors[:3])
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def test_docker_with_a_helper_removed_is_infra_error_and_leaves_no_directory():
+def test_docker_with_a_helper_removed_is_infra_error_and_leaves_no_directory(private_wrapper):
     """docker's legacy binds would make an empty directory where a missing source was (the
     helper's own path in the cache, breaking every later sandbox); toolgym's bind mounts fail."""
-    import pytest
-
     from conftest import require_backend
-    from toolgym.sandbox import SandboxConfig, SandboxInfraError, make_sandbox
-    from toolgym.sandbox.native import wrapper_script
 
     require_backend("docker")
-    path = wrapper_script()
-    os.rename(path, str(path) + ".away")
-    try:
-        with pytest.raises(SandboxInfraError, match="container"):
-            make_sandbox({"a.txt": "a\n"}, SandboxConfig(backend="docker", canary=False))
-        assert not os.path.lexists(path)
-    finally:
-        if os.path.isdir(path):
-            os.rmdir(path)
-        os.rename(str(path) + ".away", path)
+    os.rename(private_wrapper, private_wrapper + ".away")
+    with pytest.raises(SandboxInfraError, match="container"):
+        make_sandbox({"a.txt": "a\n"}, SandboxConfig(backend="docker", canary=False))
+    assert not os.path.lexists(private_wrapper)
