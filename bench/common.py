@@ -32,3 +32,13 @@ def qwen2_from_config(layers: int, hidden: int, seed: int = 0):
                          pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config), tokenizer
+
+
+def first_prompt_ids(tokenizer, env, task) -> list[int]:
+    """The token ids of `task`'s first prompt as a campaign renders it: `env` reset on the task,
+    its tools and first observation through `tokenizer`'s chat template."""
+    from toolgym.harness.chat import ChatRenderer
+
+    observation, info = env.reset(options={"task": task})
+    renderer = ChatRenderer(tokenizer, tools=info.get("tools"))
+    return renderer.prompt_ids(renderer.initial_messages(observation))

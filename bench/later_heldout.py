@@ -9,8 +9,8 @@ categories, all held out, never trained on) with the run's greedy evaluation bud
 `RUN/config.yaml` (tokens per turn, per episode, turns, temperature) and the precision its
 `hardware.json` records. Tasks whose first prompt leaves less than one turn's answer budget
 within the episode's token budget are skipped (counted): under the run's budget no model could
-answer them, and they would only dilute the comparison. Prints each run's paired final - SFT difference with its 95% CI and the
-per-category accuracies, then the spread over runs; writes `RUN/later/SUITE/{sft,final}/` (the
+answer them, and they would only dilute the comparison. Prints each run's paired final - SFT
+difference with its 95% CI and the per-category accuracies, then the spread over runs; writes `RUN/later/SUITE/{sft,final}/` (the
 usual evaluation folders, which `toolgym compare` reads) and `runs/bench/later_heldout.json`.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_results  # noqa: E402
+from common import first_prompt_ids, write_results  # noqa: E402
 
 STAGES = ("sft", "final")
 
@@ -50,7 +50,6 @@ def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int) -> t
     from transformers import AutoTokenizer
 
     import toolgym
-    from toolgym.harness.chat import ChatRenderer
     from toolgym.tasks import TaskSuite
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
@@ -58,9 +57,7 @@ def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int) -> t
     kept, skipped, envs = [], 0, {}
     for task in suite.split("held-out").tasks:
         env = envs.setdefault(task.env_id, toolgym.make(task.env_id).unwrapped)
-        observation, info = env.reset(options={"task": task})
-        renderer = ChatRenderer(tokenizer, tools=info.get("tools"))
-        if len(renderer.prompt_ids(renderer.initial_messages(observation))) <= room:
+        if len(first_prompt_ids(tokenizer, env, task)) <= room:
             kept.append(task)
         else:
             skipped += 1

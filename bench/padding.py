@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_results  # noqa: E402  (bench/common.py)
+from common import first_prompt_ids, write_results  # noqa: E402  (bench/common.py)
 import toolgym  # noqa: E402
-from toolgym.harness.chat import ChatRenderer, load_template  # noqa: E402
+from toolgym.harness.chat import load_template  # noqa: E402
 from toolgym.harness.hardware import choose_bf16, cpu_description  # noqa: E402
 from toolgym.harness.hf_policy import HFPolicy  # noqa: E402
 from toolgym.harness.policy import SamplingParams  # noqa: E402
@@ -42,12 +42,7 @@ from toolgym.tasks.generators import builtin_suite  # noqa: E402
 def bfcl_prompts(tokenizer, split: str, count: int) -> list[list[int]]:
     """The first `count` BFCL prompts of `split`, as a campaign renders them (compact template)."""
     env = toolgym.make("bfcl-v0").unwrapped
-    out = []
-    for task in builtin_suite("bfcl").split(split).tasks[:count]:
-        observation, info = env.reset(options={"task": task})
-        renderer = ChatRenderer(tokenizer, tools=info["tools"])
-        out.append(renderer.prompt_ids(renderer.initial_messages(observation)))
-    return out
+    return [first_prompt_ids(tokenizer, env, task) for task in builtin_suite("bfcl").split(split).tasks[:count]]
 
 
 def timed(policy: HFPolicy, prompts: list[list[int]], new: int | list[int]) -> float:

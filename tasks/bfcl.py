@@ -246,5 +246,6 @@ def load_bfcl_live() -> TaskSuite:
     return TaskSuite(LIVE_SUITE, mixed_order(tasks), LIVE_VERSION)
 
 
-__all__ = ["CATEGORIES", "ENV_ID", "LIVE_CATEGORIES", "LIVE_SUITE", "LIVE_VERSION", "is_irrelevance", "load_bfcl_live", "MODEL_NAME", "SKIPPED", "SUITE", "VERSION", "bfcl_verdict", "call_string",
-           "category_tasks", "checkers", "data_dir", "load_bfcl", "mixed_order", "multi_turn_verdict", "oracle_calls", "split_of"]
+__all__ = ["CATEGORIES", "ENV_ID", "LIVE_CATEGORIES", "LIVE_SUITE", "LIVE_VERSION", "MODEL_NAME", "SKIPPED", "SUITE",
+           "VERSION", "bfcl_verdict", "call_string", "category_tasks", "checkers", "data_dir", "is_irrelevance",
+           "load_bfcl", "load_bfcl_live", "mixed_order", "multi_turn_verdict", "oracle_calls", "split_of"]
