@@ -51,6 +51,9 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     number per row instead of noise over the whole vocabulary, no per-row Python loop, no host
     sync. A token of probability 0 (cut by top-k/top-p) is never drawn."""
     greedy = torch.argmax(logits, dim=-1)
+    if not bool((temperature > 0).any()):
+        # an all-greedy batch (every evaluation) skips the softmax and CDF over the vocabulary
+        return greedy
     scaled = filter_logits(logits / temperature.clamp(min=1e-6).unsqueeze(1), top_k, top_p)
     cdf = torch.cumsum(torch.softmax(scaled, dim=-1).to(torch.float64), dim=-1)
     point = (uniform_draws(seeds, step) * cdf[:, -1]).unsqueeze(1)

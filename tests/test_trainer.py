@@ -301,6 +301,12 @@ def test_the_sft_anchor_replays_the_sft_demonstrations_drawn_by_step(tmp_path):
         rl_batch = pack(campaign.demonstrations()[:4], [1.0, -1.0, 0.5, -0.5], campaign.policy.pad_id)
         metrics = campaign.trainer.run("rl", (rl_batch, first, 0.5))
         assert metrics["anchor_nll"] > 0 and metrics["anchor_tokens"] == first.tokens
+        # a resumed run replays the demonstrations (same ones) but logs the oracle row only once
+        from toolgym.trainers.checkpoint import read_metrics
+
+        kept, campaign.demos = campaign.demos, None
+        assert [t.token_ids for t in campaign.demonstrations()] == [t.token_ids for t in kept]
+        assert [r["kind"] for r in read_metrics(campaign.run_dir)].count("oracle") == 1
     finally:
         campaign.close()
     data["rl"]["sft_anchor"] = 0.0

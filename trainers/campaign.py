@@ -41,7 +41,7 @@ from toolgym.sandbox import SafetyPolicy, SandboxConfig, SideEffect
 from toolgym.tasks import Task, builtin_suite
 from toolgym.trainers import core_algos as ca
 from toolgym.trainers.batching import TokenBatch, pack
-from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, read_run_state, save_checkpoint
+from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, read_metrics, read_run_state, save_checkpoint
 from toolgym.trainers.config import CampaignConfig, EnvMix
 from toolgym.trainers.distributed import Coordinator, follow, init_training_processes, under_torchrun
 from toolgym.trainers.inference import CopiedWeights, merged_model
@@ -367,13 +367,15 @@ class Campaign:
 
     def demonstrations(self) -> list[Trajectory]:
         """The oracle demonstrations of the first `sft.demos_per_suite` train tasks of every suite,
-        played and checked once (logged as the `oracle` row), then kept."""
+        played and checked once (logged as the `oracle` row), then kept. A resumed run replays
+        them (the anchor needs them) but its log already has the row: it is not logged twice."""
         if self.demos is None:
             self.demos, checks = oracle_demonstrations(self.train_tasks, self.config.sft.demos_per_suite, self.tokenizer,
                                                        self.make_env, self.config.rollout.concurrency, self.progress,
                                                        self.console)
             assert self.metrics is not None
-            self.metrics.log(0, checks, kind="oracle")
+            if not any(r.get("kind") == "oracle" for r in read_metrics(self.run_dir)):
+                self.metrics.log(0, checks, kind="oracle")
         return self.demos
 
     def anchor_batch(self, step: int) -> TokenBatch | None:
