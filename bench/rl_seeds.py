@@ -1,0 +1,104 @@
+"""How much of a campaign's RL gain is the seed's luck? GRPO from one SFT checkpoint, several seeds.
+
+    python bench/rl_seeds.py runs/demo [--seeds 0 1 2] [--out runs/rl-seeds]
+
+For each seed, `toolgym train RUN/config.yaml` (the run's own recipe) starts from `RUN/sft-model`
+(the very weights the run's SFT numbers came from) with the SFT stage and the base evaluation off
+and `seed` set: it evaluates that model (`initial`; greedy, so it must reproduce the run's own SFT
+score), runs the recipe's GRPO steps and evaluates again (`final`) on the same held-out tasks.
+Only the RL stage differs between seeds: which tasks are drawn and which rollouts are sampled.
+Prints each seed's paired final - initial difference with its 95% CI and per-category accuracies,
+then the spread over seeds; each seed's run is a normal run directory under `--out`, and the
+numbers go to `runs/bench/rl_seeds.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_results  # noqa: E402
+
+
+def train_from_sft(run: Path, seed: int, out: Path) -> float:
+    """One GRPO run of `run`'s recipe from `run/sft-model` with `seed`, into `out`: its wall seconds."""
+    command = ["toolgym", "train", str(run / "config.yaml"), "--out", str(out),
+               "--set", f"model.init={run / 'sft-model'}", "--set", "sft.steps=0",
+               "--set", "eval.base_tasks=0", "--set", f"seed={seed}"]
+    print("$ " + " ".join(command), flush=True)
+    started = time.perf_counter()
+    subprocess.run(command, check=True)  # its progress goes straight to this terminal / log
+    return time.perf_counter() - started
+
+
+def stage_numbers(run: Path, stage: str, suite: str) -> tuple[float, dict[str, float], list[Any], dict[str, int]]:
+    """A stage's held-out pass@1, per-category pass@1, trajectories and episodes cut by each limit
+    (from its eval folder)."""
+    from toolgym.harness.trajectory import read_jsonl
+
+    where = run / "eval" / stage / suite
+    report = json.loads((where / "report.json").read_text())
+    by_category = {family: group["pass_at"]["1"]["value"] for family, group in report["by_family"].items()
+                   if "1" in group["pass_at"]}
+    overall = report["overall"]
+    return overall["pass_at"]["1"]["value"], by_category, read_jsonl(where / "trajectories.jsonl"), overall["limits_hit"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a finished campaign directory with sft-model/")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=Path("runs/rl-seeds"), help="where the seeds' runs go")
+    parser.add_argument("--json", default="runs/bench/rl_seeds.json")
+    args = parser.parse_args()
+    from toolgym.harness.evaluate import paired_difference
+
+    if not (args.run / "sft-model" / "config.json").exists():
+        raise SystemExit(f"{args.run}/sft-model: missing (a campaign with an SFT stage exports it; `toolgym sft` "
+                         f"makes one)")
+    config = yaml.safe_load((args.run / "config.yaml").read_text())
+    suites = [mix["suite"] for mix in config["envs"]]
+    results = []
+    for seed in args.seeds:
+        out = args.out / f"seed-{seed}"
+        seconds = train_from_sft(args.run, seed, out)
+        for suite in suites:
+            sft_value = stage_numbers(args.run, "sft", suite)[0]
+            initial, initial_cats, before, _ = stage_numbers(out, "initial", suite)
+            final, final_cats, after, limits_hit = stage_numbers(out, "final", suite)
+            diff = paired_difference(before, after, seed=seed)
+            results.append({"seed": seed, "suite": suite, "run": str(out), "seconds": round(seconds, 1),
+                            "run_sft_pass@1": sft_value, "initial": initial, "final": final,
+                            "final_minus_initial": {"points": diff.value * 100,
+                                                    "ci": [diff.low * 100, diff.high * 100]},
+                            "episodes": len(after), "final_limits_hit": limits_hit, "by_category": {"initial": initial_cats, "final": final_cats}})
+    print()
+    for r in results:
+        g = r["final_minus_initial"]
+        cats = ", ".join(f"{c} {r['by_category']['initial'].get(c, 0):.2f}->{v:.2f}"
+                         for c, v in sorted(r["by_category"]["final"].items()))
+        same = "reproduces" if abs(r["initial"] - r["run_sft_pass@1"]) < 1e-9 else "DIFFERS FROM"
+        print(f"seed {r['seed']}: {r['suite']} held-out pass@1 SFT {r['initial']:.3f} ({same} the run's SFT "
+              f"{r['run_sft_pass@1']:.3f}) -> final {r['final']:.3f} (final - SFT {g['points']:+.1f} points, "
+              f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired; {r['episodes']} episodes; "
+              f"limits hit {r['final_limits_hit'] or 'none'}; {r['seconds'] / 60:.1f} min)\n  by category: {cats}")
+    for suite in suites:
+        gains = [r["final_minus_initial"]["points"] for r in results if r["suite"] == suite]
+        if len(gains) > 1:
+            print(f"{suite}, {len(gains)} seeds of GRPO from one SFT checkpoint: final - SFT mean "
+                  f"{statistics.mean(gains):+.1f} points, sd {statistics.stdev(gains):.1f}, "
+                  f"min {min(gains):+.1f}, max {max(gains):+.1f}")
+    write_results(args.json, results)
+
+
+if __name__ == "__main__":
+    main()
