@@ -5,9 +5,13 @@ tasks, so every configuration trains the same tokens), for: full fine-tune, full
 reference model (KL, beta > 0), LoRA, LoRA with KL (the reference is the base with adapters off).
 Each configuration runs in a fresh process so its peak RSS is its own. Prints train tokens/s and
 peak memory, and the ratios to the full fine-tune; and, against this machine's matmul ceiling
-measured in the same run (the dtype each configuration computes in), model-FLOP utilisation:
-6 x parameters FLOPs per token forwarded (forward and backward; padding excluded, the policy's
-trained tokens reported beside). `autocast: auto` configurations compute in bf16 only where the
+measured in the same run (the dtype each configuration computes in), model-FLOP utilisation as
+the issue tracker defines it: 6 x parameters FLOPs per *trained* (policy) token; and beside it
+the matmul FLOPs the step really executed (counted by `torch.utils.flop_counter` in one extra,
+untimed step: the shared prompt prefix runs once, the LM head only at policy positions, padding
+inside a micro-batch runs too) per second against the same ceiling. (Until this release the
+column was 6 x parameters x every token in the batch, which counts a prompt shared by a group
+once per row and gave "MFU 120%" for fp32 on the AVX-512 machine.) `autocast: auto` configurations compute in bf16 only where the
 CPU does so natively (fp32 on an AVX2-only CPU: `harness/hardware.py`).
 
     python bench/trainer.py [--hidden 128 --layers 4] [--batch 32] [--out runs/bench/trainer.json]
@@ -59,10 +63,15 @@ def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str 
     for _ in range(steps):
         m = learner.rl_step(data)
     elapsed = time.perf_counter() - start
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:  # one more step, untimed: what the step really executes
+        learner.rl_step(data)
     trainable = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
     params = sum(p.numel() for p in policy.model.parameters())
     return {"config": name, "train_tokens": m["train_tokens"], "padded_tokens": int(data.attention.sum()),
-            "params": params, "precision": learner.precision.dtype,
+            "params": params, "precision": learner.precision.dtype, "executed_flops": counter.get_total_flops(),
             "tokens_per_s": m["train_tokens"] * steps / elapsed, "step_s": elapsed / steps,
             "trainable_params": trainable, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -103,10 +112,12 @@ def main() -> None:
     print(f"one RL step, {base['train_tokens']} policy tokens ({base['padded_tokens']} tokens forwarded), "
           f"model {model} ({base['params'] / 1e6:.1f} M parameters), CPU:")
     for r in results:
-        step_flops = 6 * r["params"] * r["padded_tokens"]
-        r["mfu"] = step_flops / r["step_s"] / 1e9 / ceilings[r["precision"]]
+        ceiling = ceilings[r["precision"]]
+        r["mfu"] = 6 * r["params"] * r["train_tokens"] / r["step_s"] / 1e9 / ceiling
+        r["executed_utilisation"] = r["executed_flops"] / r["step_s"] / 1e9 / ceiling
         print(f"  {r['config']:<22} {r['tokens_per_s']:8.0f} train tok/s ({r['step_s']:.2f} s/step, "
-              f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x full, computes in {r['precision']}, MFU {r['mfu']:.0%})  "
+              f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x full, computes in {r['precision']}, MFU {r['mfu']:.0%}; "
+              f"executed {r['executed_flops'] / r['step_s'] / 1e9:.0f} GFLOP/s = {r['executed_utilisation']:.0%})  "
               f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x)  "
               f"trainable {r['trainable_params']:,}")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
