@@ -48,8 +48,9 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
                   seeds: torch.Tensor, step: int) -> torch.Tensor:
     """One token per row: greedy where temperature is 0, else an exact sample of
     softmax(filtered logits / T) by inverting its CDF at the row's uniform draw: one random
-    number per row instead of noise over the whole vocabulary, no per-row Python loop, no host
-    sync. A token of probability 0 (cut by top-k/top-p) is never drawn."""
+    number per row instead of noise over the whole vocabulary, no per-row Python loop. An
+    all-greedy batch returns the argmax at once (one host check, like the top-k/top-p ones). A
+    token of probability 0 (cut by top-k/top-p) is never drawn."""
     greedy = torch.argmax(logits, dim=-1)
     if not bool((temperature > 0).any()):
         # an all-greedy batch (every evaluation) skips the softmax and CDF over the vocabulary
