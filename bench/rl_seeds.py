@@ -36,7 +36,10 @@ def train_from_sft(run: Path, seed: int, out: Path) -> float:
                "--set", "eval.base_tasks=0", "--set", f"seed={seed}"]
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
-    subprocess.run(command, check=True)  # its progress goes straight to this terminal / log
+    code = subprocess.run(command).returncode  # its progress goes straight to this terminal / log
+    if code != 0:
+        raise SystemExit(f"seed {seed}: `toolgym train` exited {code}; its messages are above (the seeds "
+                         f"already finished are in {out.parent})")
     return time.perf_counter() - started
 
 
@@ -80,7 +83,8 @@ def main() -> None:
                             "run_sft_pass@1": sft_value, "initial": initial, "final": final,
                             "final_minus_initial": {"points": diff.value * 100,
                                                     "ci": [diff.low * 100, diff.high * 100]},
-                            "episodes": len(after), "final_limits_hit": limits_hit, "by_category": {"initial": initial_cats, "final": final_cats}})
+                            "episodes": len(after), "final_limits_hit": limits_hit,
+                            "by_category": {"initial": initial_cats, "final": final_cats}})
     print()
     for r in results:
         g = r["final_minus_initial"]
