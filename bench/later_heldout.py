@@ -10,8 +10,9 @@ categories, all held out, never trained on) with the run's greedy evaluation bud
 `hardware.json` records. Tasks whose first prompt leaves less than one turn's answer budget
 within the episode's token budget are skipped (counted): under the run's budget no model could
 answer them, and they would only dilute the comparison. Prints each run's paired final - SFT
-difference with its 95% CI and the per-category accuracies, then the spread over runs; writes `RUN/later/SUITE/{sft,final}/` (the
-usual evaluation folders, which `toolgym compare` reads) and `runs/bench/later_heldout.json`.
+difference with its 95% CI and the per-category accuracies, then the spread over runs; writes
+`RUN/later/SUITE/{sft,final}/` (the usual evaluation folders, which `toolgym compare` reads) and
+`runs/bench/later_heldout.json`.
 """
 
 from __future__ import annotations

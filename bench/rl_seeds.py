@@ -70,17 +70,17 @@ def main() -> None:
                          f"makes one)")
     config = yaml.safe_load((args.run / "config.yaml").read_text())
     suites = [mix["suite"] for mix in config["envs"]]
+    run_sft = {suite: stage_numbers(args.run, "sft", suite)[0] for suite in suites}  # the run's own SFT score
     results = []
     for seed in args.seeds:
         out = args.out / f"seed-{seed}"
         seconds = train_from_sft(args.run, seed, out)
         for suite in suites:
-            sft_value = stage_numbers(args.run, "sft", suite)[0]
             initial, initial_cats, before, _ = stage_numbers(out, "initial", suite)
             final, final_cats, after, limits_hit = stage_numbers(out, "final", suite)
             diff = paired_difference(before, after, seed=0)  # the bootstrap the run's own report uses
             results.append({"seed": seed, "suite": suite, "run": str(out), "seconds": round(seconds, 1),
-                            "run_sft_pass@1": sft_value, "initial": initial, "final": final,
+                            "run_sft_pass@1": run_sft[suite], "initial": initial, "final": final,
                             "final_minus_initial": {"points": diff.value * 100,
                                                     "ci": [diff.low * 100, diff.high * 100]},
                             "episodes": len(after), "final_limits_hit": limits_hit,

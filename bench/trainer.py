@@ -9,10 +9,10 @@ measured in the same run (the dtype each configuration computes in), model-FLOP 
 the issue tracker defines it: 6 x parameters FLOPs per *trained* (policy) token; and beside it
 the matmul FLOPs the step really executed (counted by `torch.utils.flop_counter` in one extra,
 untimed step: the shared prompt prefix runs once, the LM head only at policy positions, padding
-inside a micro-batch runs too) per second against the same ceiling. (Until this release the
-column was 6 x parameters x every token in the batch, which counts a prompt shared by a group
-once per row and gave "MFU 120%" for fp32 on the AVX-512 machine.) `autocast: auto` configurations compute in bf16 only where the
-CPU does so natively (fp32 on an AVX2-only CPU: `harness/hardware.py`).
+inside a micro-batch runs too) per second against the same ceiling. (6 x parameters x every token
+in the batch would count a prompt shared by a group once per row: it gave "MFU 120%" in fp32.)
+`autocast: auto` configurations compute in bf16 only where the CPU does so natively (fp32 on an
+AVX2-only CPU: `harness/hardware.py`).
 
     python bench/trainer.py [--hidden 128 --layers 4] [--batch 32] [--out runs/bench/trainer.json]
 """
@@ -39,6 +39,8 @@ CONFIGS = {
 
 def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str | None = None) -> dict:
     """Run in a child process: build the model, collect demonstrations, time `steps` RL steps."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     import toolgym
     from toolgym.harness.demonstrations import collect_demonstrations
     from toolgym.harness.hf_policy import HFPolicy
@@ -63,8 +65,6 @@ def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str 
     for _ in range(steps):
         m = learner.rl_step(data)
     elapsed = time.perf_counter() - start
-    from torch.utils.flop_counter import FlopCounterMode
-
     counter = FlopCounterMode(display=False)
     with counter:  # one more step, untimed: what the step really executes
         learner.rl_step(data)
