@@ -125,6 +125,10 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
             if not ids or ids[-1] != renderer.eot_id:  # cut off: close the turn so the chat stays well-formed
                 traj.segments.append(Segment(kind="template", token_ids=[renderer.eot_id], text=renderer.eot))
                 context.append(renderer.eot_id)
+                # The turn ran into its token cap (the agent's own limit): reported, so a budget
+                # that cuts answers short shows in the evaluation instead of passing as failures.
+                # A limit that ends the episode (turns, total tokens) overrides it.
+                traj.limit_hit = traj.limit_hit or "turn_tokens"
             record.new_tokens = len(ids)
         else:
             action = await agent.respond(messages, tools, task)

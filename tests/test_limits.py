@@ -85,6 +85,29 @@ def test_an_evaluation_on_saturated_cores_grades_what_an_idle_machine_grades(tin
             assert t.outcome == graded[t.task_id]
 
 
+def test_an_answer_cut_by_the_turn_token_cap_is_reported_as_a_limit(tiny_policy):
+    """BFCL's single-turn episode ends after one model turn whatever it holds. An untrained model
+    rarely ends its turn within 3 tokens: those episodes are failures *and* counted under
+    `turn_tokens`, so a budget that cuts answers short shows in the evaluation; with room to
+    spare no limit is reported."""
+    from toolgym.tasks.bfcl import load_bfcl
+
+    tasks = load_bfcl().split("held-out").tasks[:4]
+
+    def run(tokens):
+        agent = TokenAgent(tiny_policy, tiny_policy.tokenizer, SamplingParams(max_new_tokens=tokens, temperature=0.0))
+        return RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, agent, progress=False,
+                             limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=tokens)).run(tasks)
+
+    short = run(3)
+    assert all(t.outcome != Outcome.TRUNCATED for t in short)  # the episode ended; the turn was cut
+    assert {t.limit_hit for t in short if t.turns[0].new_tokens == 3} == {"turn_tokens"}
+    assert all(t.limit_hit is None for t in short if t.turns[0].new_tokens < 3)
+    report = evaluate(short, [1], policy="tiny", suite="bfcl", suite_version="1", split="held-out", seed=0,
+                      samples_per_task=1)
+    assert report.overall.limits_hit == {"turn_tokens": sum(t.turns[0].new_tokens == 3 for t in short)} != {}
+
+
 def _traj(task, outcome, answer=None, logp=-1.0, sample=0):
     return Trajectory(task_id=task, group_id=task, sample_index=sample, seed=0, policy="p", env_id="e", family="f",
                       outcome=outcome, answer=answer, reward=float(outcome == Outcome.PASSED),
