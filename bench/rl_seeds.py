@@ -1,6 +1,7 @@
 """How much of a campaign's RL gain is the seed's luck? GRPO from one SFT checkpoint, several seeds.
 
     python bench/rl_seeds.py runs/demo [--seeds 0 1 2] [--out runs/rl-seeds]
+    python bench/rl_seeds.py runs/demo --samplers learnability uniform [--out runs/sampler-arms]
 
 For each seed, `toolgym train RUN/config.yaml` (the run's own recipe) starts from `RUN/sft-model`
 (the very weights the run's SFT numbers came from) with the SFT stage and the base evaluation off
@@ -9,7 +10,13 @@ score), runs the recipe's GRPO steps and evaluates again (`final`) on the same h
 Only the RL stage differs between seeds: which tasks are drawn and which rollouts are sampled.
 Prints each seed's paired final - initial difference with its 95% CI and per-category accuracies,
 then the spread over seeds; each seed's run is a normal run directory under `--out`, and the
-numbers go to `runs/bench/rl_seeds.json`.
+numbers go to `runs/bench/rl_seeds.json`. A seed whose run directory already holds a final
+evaluation is read, not rerun (an interrupted bench resumes where it stopped).
+
+`--samplers A B` runs every seed once per task sampler (`sampler.kind`, all else equal: the
+learnability sampler's bench on the run's own pool) and compares them: the share of rollouts
+that fell in zero-variance groups (no gradient), its ratio, and the final held-out accuracy of
+A minus B, paired by seed and task, with a 95% CI.
 """
 
 from __future__ import annotations
@@ -29,11 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
 
 
-def train_from_sft(run: Path, seed: int, out: Path) -> float:
-    """One GRPO run of `run`'s recipe from `run/sft-model` with `seed`, into `out`: its wall seconds."""
+def train_from_sft(run: Path, seed: int, out: Path, sampler: str | None = None) -> float:
+    """One GRPO run of `run`'s recipe from `run/sft-model` with `seed` (and task sampler `sampler`
+    when given), into `out`: its wall seconds (0 when `out` already holds a finished run)."""
+    if (out / "eval" / "final").is_dir() and (out / "final-model").is_dir():
+        print(f"{out}: finished earlier, read as it is", flush=True)
+        return 0.0
     command = ["toolgym", "train", str(run / "config.yaml"), "--out", str(out),
                "--set", f"model.init={run / 'sft-model'}", "--set", "sft.steps=0",
                "--set", "eval.base_tasks=0", "--set", f"seed={seed}"]
+    if sampler:
+        command += ["--set", f"sampler.kind={sampler}"]
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
     code = subprocess.run(command).returncode  # its progress goes straight to this terminal / log
@@ -56,11 +69,53 @@ def stage_numbers(run: Path, stage: str, suite: str) -> tuple[float, dict[str, f
     return overall["pass_at"]["1"]["value"], by_category, read_jsonl(where / "trajectories.jsonl"), overall["limits_hit"]
 
 
+def zero_variance_share(run: Path) -> tuple[int, int]:
+    """(rollouts in groups whose rewards were all equal, all rollouts) over a run's GRPO steps,
+    from its saved rollouts: the rollouts that carried no gradient."""
+    from collections import defaultdict
+
+    from toolgym.harness.trajectory import read_jsonl
+
+    zero = total = 0
+    for step in sorted((run / "rollouts").glob("step-*.jsonl")):
+        groups: dict[str, list[float]] = defaultdict(list)
+        for traj in read_jsonl(step):
+            groups[traj.group_id.rsplit(":", 1)[0]].append(traj.reward)
+        total += sum(len(g) for g in groups.values())
+        zero += sum(len(g) for g in groups.values() if len(set(g)) == 1)
+    return zero, total
+
+
+def compare_samplers(results: list[dict], runs: dict[tuple[str, int], Path], a: str, b: str, suite: str) -> dict:
+    """Sampler `a` against `b` over the seeds both ran: zero-variance shares and their ratio, and
+    final held-out accuracy a - b paired by (seed, task) with its bootstrap CI."""
+    from toolgym.harness.evaluate import paired_difference
+
+    def pooled(kind: str) -> list:
+        trajs = []
+        for (k, seed), run in sorted(runs.items()):
+            if k == kind:
+                trajs += [t.model_copy(update={"task_id": f"{seed}:{t.task_id}"})
+                          for t in stage_numbers(run, "final", suite)[2]]
+        return trajs
+
+    share = {}
+    for kind in (a, b):
+        rows = [r for r in results if r["sampler"] == kind and r["suite"] == suite]
+        share[kind] = sum(r["zero_variance_rollouts"] for r in rows) / max(1, sum(r["rollouts"] for r in rows))
+    diff = paired_difference(pooled(b), pooled(a), seed=0)
+    return {"suite": suite, "a": a, "b": b, "zero_variance_share": share,
+            "ratio_b_over_a": share[b] / share[a] if share[a] else None,
+            "final_a_minus_b": {"points": diff.value * 100, "ci": [diff.low * 100, diff.high * 100]}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a finished campaign directory with sft-model/")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs/rl-seeds"), help="where the seeds' runs go")
+    parser.add_argument("--samplers", nargs="+", default=None,
+                        help="task samplers to compare (sampler.kind), each run on every seed; default: the run's own")
     parser.add_argument("--json", default="runs/bench/rl_seeds.json")
     args = parser.parse_args()
     from toolgym.harness.evaluate import paired_difference
@@ -71,15 +126,20 @@ def main() -> None:
     config = yaml.safe_load((args.run / "config.yaml").read_text())
     suites = [mix["suite"] for mix in config["envs"]]
     run_sft = {suite: stage_numbers(args.run, "sft", suite)[0] for suite in suites}  # the run's own SFT score
-    results = []
-    for seed in args.seeds:
-        out = args.out / f"seed-{seed}"
-        seconds = train_from_sft(args.run, seed, out)
+    results, runs = [], {}
+    arms = [(kind, seed) for kind in (args.samplers or [None]) for seed in args.seeds]
+    for kind, seed in arms:
+        out = args.out / (f"{kind}-seed-{seed}" if kind else f"seed-{seed}")
+        seconds = train_from_sft(args.run, seed, out, kind)
+        runs[(kind or config["sampler"]["kind"], seed)] = out
+        zero, rollouts = zero_variance_share(out)
         for suite in suites:
             initial, initial_cats, before, _ = stage_numbers(out, "initial", suite)
             final, final_cats, after, limits_hit = stage_numbers(out, "final", suite)
             diff = paired_difference(before, after, seed=0)  # the bootstrap the run's own report uses
-            results.append({"seed": seed, "suite": suite, "run": str(out), "seconds": round(seconds, 1),
+            results.append({"seed": seed, "sampler": kind or config["sampler"]["kind"], "suite": suite,
+                            "run": str(out), "seconds": round(seconds, 1),
+                            "rollouts": rollouts, "zero_variance_rollouts": zero,
                             "run_sft_pass@1": run_sft[suite], "initial": initial, "final": final,
                             "final_minus_initial": {"points": diff.value * 100,
                                                     "ci": [diff.low * 100, diff.high * 100]},
@@ -91,17 +151,29 @@ def main() -> None:
         cats = ", ".join(f"{c} {r['by_category']['initial'].get(c, 0):.2f}->{v:.2f}"
                          for c, v in sorted(r["by_category"]["final"].items()))
         same = "reproduces" if abs(r["initial"] - r["run_sft_pass@1"]) < 1e-9 else "DIFFERS FROM"
-        print(f"seed {r['seed']}: {r['suite']} held-out pass@1 SFT {r['initial']:.3f} ({same} the run's SFT "
+        print(f"{r['sampler']} seed {r['seed']}: {r['suite']} held-out pass@1 SFT {r['initial']:.3f} ({same} the run's SFT "
               f"{r['run_sft_pass@1']:.3f}) -> final {r['final']:.3f} (final - SFT {g['points']:+.1f} points, "
               f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired; {r['episodes']} episodes; "
-              f"limits hit {r['final_limits_hit'] or 'none'}; {r['seconds'] / 60:.1f} min)\n  by category: {cats}")
+              f"limits hit {r['final_limits_hit'] or 'none'}; {r['seconds'] / 60:.1f} min)\n  rollouts "
+              f"{r['rollouts']}, in zero-variance groups {r['zero_variance_rollouts'] / max(1, r['rollouts']):.0%}; "
+              f"by category: {cats}")
+    comparisons = []
     for suite in suites:
-        gains = [r["final_minus_initial"]["points"] for r in results if r["suite"] == suite]
-        if len(gains) > 1:
-            print(f"{suite}, {len(gains)} seeds of GRPO from one SFT checkpoint: final - SFT mean "
-                  f"{statistics.mean(gains):+.1f} points, sd {statistics.stdev(gains):.1f}, "
-                  f"min {min(gains):+.1f}, max {max(gains):+.1f}")
-    write_results(args.json, results)
+        for kind in dict.fromkeys(r["sampler"] for r in results):
+            gains = [r["final_minus_initial"]["points"] for r in results if r["suite"] == suite and r["sampler"] == kind]
+            if len(gains) > 1:
+                print(f"{suite}, {kind} sampler, {len(gains)} seeds of GRPO from one SFT checkpoint: final - SFT mean "
+                      f"{statistics.mean(gains):+.1f} points, sd {statistics.stdev(gains):.1f}, "
+                      f"min {min(gains):+.1f}, max {max(gains):+.1f}")
+        if args.samplers and len(args.samplers) == 2:
+            c = compare_samplers(results, runs, args.samplers[0], args.samplers[1], suite)
+            comparisons.append(c)
+            s, g = c["zero_variance_share"], c["final_a_minus_b"]
+            ratio = f"{c['ratio_b_over_a']:.2f}x" if c["ratio_b_over_a"] else "n/a"
+            print(f"{suite}: rollouts in zero-variance groups {c['a']} {s[c['a']]:.0%}, {c['b']} {s[c['b']]:.0%} "
+                  f"({c['b']} / {c['a']} = {ratio}); final held-out {c['a']} - {c['b']} {g['points']:+.1f} points, "
+                  f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired by seed and task")
+    write_results(args.json, {"seeds": results, "sampler_comparison": comparisons} if comparisons else results)
 
 
 if __name__ == "__main__":
