@@ -86,18 +86,17 @@ def zero_variance_share(run: Path) -> tuple[int, int]:
     return zero, total
 
 
-def compare_samplers(results: list[dict], runs: dict[tuple[str, int], Path], a: str, b: str, suite: str) -> dict:
+def compare_samplers(results: list[dict], finals: dict[tuple[str, int, str], list], a: str, b: str,
+                     suite: str) -> dict:
     """Sampler `a` against `b` over the seeds both ran: zero-variance shares and their ratio, and
-    final held-out accuracy a - b paired by (seed, task) with its bootstrap CI."""
+    final held-out accuracy a - b paired by (seed, task) with its bootstrap CI. `finals`: each
+    (sampler, seed, suite)'s final trajectories, as `main` read them."""
     from toolgym.harness.evaluate import paired_difference
 
     def pooled(kind: str) -> list:
-        trajs = []
-        for (k, seed), run in sorted(runs.items()):
-            if k == kind:
-                trajs += [t.model_copy(update={"task_id": f"{seed}:{t.task_id}"})
-                          for t in stage_numbers(run, "final", suite)[2]]
-        return trajs
+        return [t.model_copy(update={"task_id": f"{seed}:{t.task_id}"})
+                for (k, seed, s), trajs in sorted(finals.items(), key=lambda item: item[0]) if k == kind and s == suite
+                for t in trajs]
 
     share = {}
     for kind in (a, b):
@@ -126,18 +125,19 @@ def main() -> None:
     config = yaml.safe_load((args.run / "config.yaml").read_text())
     suites = [mix["suite"] for mix in config["envs"]]
     run_sft = {suite: stage_numbers(args.run, "sft", suite)[0] for suite in suites}  # the run's own SFT score
-    results, runs = [], {}
+    results, finals = [], {}
     arms = [(kind, seed) for kind in (args.samplers or [None]) for seed in args.seeds]
     for kind, seed in arms:
         out = args.out / (f"{kind}-seed-{seed}" if kind else f"seed-{seed}")
         seconds = train_from_sft(args.run, seed, out, kind)
-        runs[(kind or config["sampler"]["kind"], seed)] = out
+        sampler = kind or config["sampler"]["kind"]
         zero, rollouts = zero_variance_share(out)
         for suite in suites:
             initial, initial_cats, before, _ = stage_numbers(out, "initial", suite)
             final, final_cats, after, limits_hit = stage_numbers(out, "final", suite)
             diff = paired_difference(before, after, seed=0)  # the bootstrap the run's own report uses
-            results.append({"seed": seed, "sampler": kind or config["sampler"]["kind"], "suite": suite,
+            finals[(sampler, seed, suite)] = after
+            results.append({"seed": seed, "sampler": sampler, "suite": suite,
                             "run": str(out), "seconds": round(seconds, 1),
                             "rollouts": rollouts, "zero_variance_rollouts": zero,
                             "run_sft_pass@1": run_sft[suite], "initial": initial, "final": final,
@@ -166,7 +166,7 @@ def main() -> None:
                       f"{statistics.mean(gains):+.1f} points, sd {statistics.stdev(gains):.1f}, "
                       f"min {min(gains):+.1f}, max {max(gains):+.1f}")
         if args.samplers and len(args.samplers) == 2:
-            c = compare_samplers(results, runs, args.samplers[0], args.samplers[1], suite)
+            c = compare_samplers(results, finals, args.samplers[0], args.samplers[1], suite)
             comparisons.append(c)
             s, g = c["zero_variance_share"], c["final_a_minus_b"]
             ratio = f"{c['ratio_b_over_a']:.2f}x" if c["ratio_b_over_a"] else "n/a"
