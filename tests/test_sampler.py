@@ -104,3 +104,17 @@ def test_unseen_tasks_of_a_family_inherit_its_pooled_pass_rate():
     restored = LearnabilitySampler.from_state(s.state_dict())
     assert np.allclose(restored.weights(list(groups)), s.weights(list(groups)))
     assert s.summary()["group_pass_rate"] == {"easy": 1.0, "hard": 0.0, "mid": 0.5}
+
+
+def test_screened_candidates_with_a_predicted_pass_rate_near_one_half_are_kept():
+    s = LearnabilitySampler(["sure", "half", "hopeless", "unscreened", "likely"], SamplerConfig(screen=4))
+    predicted = {"sure": 0.999, "half": 0.5, "hopeless": 0.0, "likely": 0.8}
+    # Beta(1 + 8p, 1 + 8(1 - p)): p = 1/2 -> 25/110; p = 0.8 -> 0.196; unscreened Beta(1, 1) -> 1/6;
+    # p = 0.999 or 0 -> 9/110 (the prediction outweighs the prior)
+    assert s.screened_learnability("half", 0.5) == pytest.approx(25 / 110)
+    assert s.screened_learnability("hopeless", 0.0) == pytest.approx(9 / 110)
+    kept = s.keep_screened(["sure", "half", "hopeless", "unscreened", "likely"], 3, predicted)
+    assert kept == ["half", "unscreened", "likely"]  # in the draw's order
+    assert s.keep_screened(["sure", "hopeless"], 1, predicted) == ["sure"]  # a tie keeps the first drawn
+    with pytest.raises(ValueError):
+        SamplerConfig(screen=-1)

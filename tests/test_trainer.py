@@ -316,3 +316,39 @@ def test_the_sft_anchor_replays_the_sft_demonstrations_drawn_by_step(tmp_path):
         assert off.anchor_batch(1) is None
     finally:
         off.close()
+
+
+def test_the_screen_scores_references_with_the_sampling_model_and_keeps_the_most_learnable(tmp_path):
+    """`sampler.screen: 3`: three candidates per task needed, each reference solution scored by the
+    model rollouts sample from (the sum of its policy tokens' log-probabilities, as a plain forward
+    pass computes it); a task whose oracle fails is never scored."""
+    import torch
+
+    from toolgym.tasks import Task
+    from toolgym.trainers.campaign import Campaign
+
+    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
+        "sft": {"steps": 0}, "sampler": {"screen": 3}, "rl": {"steps": 1, "tasks_per_step": 2, "group_size": 2,
+                                                               "dynamic_sampling": 0}})))
+    campaign = Campaign(cfg, progress=False)
+    try:
+        batch = campaign.collect(1)
+        assert len(batch.chosen) == 2
+        assert batch.extra["screen_candidates"] == 6 and batch.extra["screen_scored"] == 6
+        assert 0.0 <= batch.extra["screen_kept_predicted_pass"] <= 1.0 and batch.extra["screen_seconds"] > 0
+        screen = campaign._screen
+        task = batch.chosen[0][1]
+        reference = screen.references[task.id]
+        ids = torch.tensor([reference.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(campaign.screen_model()(input_ids=ids).logits[0, :-1].float(), -1)
+        by_hand = float((logp.gather(1, ids[0, 1:, None])[:, 0] * torch.tensor(reference.loss_mask[1:])).sum())
+        scored = screen.log_probabilities(campaign.screen_model(), [task], campaign.policy.pad_id)
+        assert scored[task.id] == pytest.approx(by_hand, abs=1e-3) and by_hand < 0
+        data = task.model_dump()
+        data["hidden"]["answer"], data["id"] = "a place no record names", ""
+        broken = Task.model_validate(data)  # its oracle's answer no longer passes
+        assert screen.log_probabilities(campaign.screen_model(), [broken], campaign.policy.pad_id) == {}
+        assert screen.references[broken.id] is None
+    finally:
+        campaign.close()

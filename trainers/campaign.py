@@ -50,6 +50,7 @@ from toolgym.trainers.memory import release_memory
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.ray_backend import ray_runner, start_ray
 from toolgym.trainers.sampler import LearnabilitySampler
+from toolgym.trainers.screening import ReferenceScreen, predicted_pass_rate
 from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_progress
 from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics
 from toolgym.verifiers import Outcome
@@ -163,6 +164,8 @@ class Campaign:
         # the rollout thread draws tasks while the learner updates the samplers (async mode)
         self._draw_lock = threading.Lock()
         self.demos: list[Trajectory] | None = None  # the SFT stage's demonstrations (rl.sft_anchor replays them)
+        self._screen: ReferenceScreen | None = None  # reference solutions of screened tasks (sampler.screen)
+        self._screen_stats: dict[str, Any] = {}  # this step's screen: candidates, scored, seconds
 
     # ---- environments and agents ----------------------------------------------------------------
 
@@ -397,11 +400,44 @@ class Campaign:
         sampler choosing, none of `exclude`."""
         counts = allocate(n or self.config.rl.tasks_per_step, [m.weight for m in self.config.envs])
         chosen = []
+        s = self.config.sampler
+        factor = s.screen if s.kind == "learnability" and s.screen > 1 else 1
         with self._draw_lock:
             for mix, n_env in zip(self.config.envs, counts):
-                for task_id in self.samplers[mix.suite].draw(n_env, self.rng, exclude):
-                    chosen.append((mix.suite, self.train_tasks[mix.suite][task_id]))
+                ids = self.samplers[mix.suite].draw(n_env * factor, self.rng, exclude)
+                if len(ids) > n_env:
+                    ids = self.screened(mix.suite, ids, n_env)
+                chosen += [(mix.suite, self.train_tasks[mix.suite][task_id]) for task_id in ids]
         return chosen
+
+    def screened(self, suite: str, candidates: list[str], n: int) -> list[str]:
+        """The `n` of `candidates` whose reference solutions, scored by the sampling policy, predict
+        the most reward variance (`sampler.screen`, trainers/screening.py); adds to the step's
+        screen metrics."""
+        start = time.perf_counter()
+        if self._screen is None:
+            self._screen = ReferenceScreen(self.tokenizer, self.make_env, self.config.rollout.concurrency)
+        tasks = [self.train_tasks[suite][i] for i in candidates]
+        logps = self._screen.log_probabilities(self.screen_model(), tasks, self.policy.pad_id,
+                                               self.config.rollout.max_total_tokens)
+        predicted = {i: predicted_pass_rate(lp) for i, lp in logps.items()}
+        kept = self.samplers[suite].keep_screened(candidates, n, predicted)
+        stats = self._screen_stats
+        stats["screen_candidates"] = stats.get("screen_candidates", 0) + len(candidates)
+        stats["screen_scored"] = stats.get("screen_scored", 0) + len(predicted)
+        stats["screen_seconds"] = stats.get("screen_seconds", 0.0) + time.perf_counter() - start
+        kept_predictions = [predicted[i] for i in kept if i in predicted]
+        if kept_predictions:
+            stats["screen_kept_predicted_pass"] = float(np.mean(kept_predictions))
+        return kept
+
+    def screen_model(self) -> torch.nn.Module:
+        """The model whose probabilities the screen reads: the one rollouts sample from when it is
+        local, else the trained weights (the same version once published)."""
+        policy = getattr(self.weights(), "policy", None)
+        if isinstance(policy, HFPolicy):
+            return policy.model
+        return (self._copy.policy if self._copy is not None else self.policy).model
 
     def rl_step(self) -> dict[str, Any]:
         """One synchronous campaign step (see the module docstring); returns its metrics."""
@@ -413,6 +449,7 @@ class Campaign:
         """Draw step `step`'s tasks and play G episodes of each (no training)."""
         c = self.config
         t0 = time.perf_counter()
+        self._screen_stats = {}
         chosen = self.draw()
         tasks = [t for _, t in chosen]
         seeds = [episode_seed(c.seed, step, i) for i in range(len(tasks))]
@@ -432,6 +469,7 @@ class Campaign:
             chosen, tasks = chosen + more, tasks + [t for _, t in more]
         extra: dict[str, Any] = {"dynamic_extra_draws": rounds,
                                  "dynamic_extra_tasks": len(tasks) - c.rl.tasks_per_step if rounds else 0}
+        extra.update(self._screen_stats)
         if c.rollout.backend == "ray":
             extra["ray"] = dict(runner.stats)  # workers lost, resubmissions
         return RolloutBatch(step, chosen, trajs, t0, time.perf_counter() - t0, extra)

@@ -198,14 +198,17 @@ def curve_table(train: list[dict[str, Any]]) -> list[str]:
     lines = ["## Train reward per RL step", "",
              "Mismatch: mean |logp_train - logp_rollout| over policy tokens and a k3 estimate of "
              "KL(rollout || train); TIS truncated: the share of tokens whose importance weight hit the cap "
-             "(0 when the sampler is the trained model). Truncated: episodes cut by their turn or token limit.", "",
-             "| step | reward mean | pass rate | groups with variance | trained groups | extra draws | truncated "
-             "| mismatch \\|dlogp\\| | mismatch KL | TIS truncated | rollout s | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(0 when the sampler is the trained model). Truncated: episodes cut by their turn or token limit. "
+             "Screened: candidate tasks whose reference solution was scored before the draw (`sampler.screen`) "
+             "and the seconds it took.", "",
+             "| step | reward mean | pass rate | groups with variance | trained groups | extra draws | screened "
+             "| truncated | mismatch \\|dlogp\\| | mismatch KL | TIS truncated | rollout s | train s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in train:
         signal = 1 - r["groups_zero_variance_frac"] if "groups_zero_variance_frac" in r else float("nan")
+        screened = f"{r['screen_scored']} ({r.get('screen_seconds', 0):.0f} s)" if "screen_scored" in r else "-"
         lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('pass_rate', 0):.3f} | {signal:.0%} | "
-                     f"{r.get('trained_groups', 'n/a')} | {r.get('dynamic_extra_draws', 0)} | "
+                     f"{r.get('trained_groups', 'n/a')} | {r.get('dynamic_extra_draws', 0)} | {screened} | "
                      f"{r.get('truncation_rate', 0):.0%} | {r.get('logprob_gap_mean', float('nan')):.2e} | "
                      f"{r.get('mismatch_kl', float('nan')):.2e} | {r.get('tis_truncated_frac', 0):.2%} | "
                      f"{r.get('time_rollout_s', 0):.0f} | {r.get('time_train_s', 0):.0f} |")

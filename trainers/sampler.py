@@ -15,6 +15,10 @@ worth at most `pool_strength` attempts (an empirical-Bayes prior): after one ste
 tasks of a family that always passes, or never does, are drawn less than those of a family near
 one half, before any of them is rolled out.
 
+Screening (`screen`: N) goes further, per task: N candidates are drawn per task needed, the
+campaign scores each one's reference solution under the sampling policy (trainers/screening.py)
+and `keep_screened` keeps those whose predicted pass rate promises the most reward variance.
+
 The state is plain JSON (`state_dict`), saved in every checkpoint.
 """
 
@@ -79,6 +83,11 @@ class SamplerConfig(BaseModel):
     retest_every: int = Field(default=10, ge=1, description="every N draws one retired task is tried again")
     pool_strength: float = Field(default=16.0, ge=0.0, description="a task's posterior includes its group's "
                                  "(family's) pooled pass rate, worth at most this many attempts; 0 = no pooling")
+    screen: int = Field(default=0, ge=0, description="draw this many candidates per task needed and keep those "
+                        "whose reference solution's probability under the policy predicts the most reward "
+                        "variance (trainers/screening.py); 0 or 1 = off")
+    screen_strength: float = Field(default=8.0, gt=0.0, description="a screened task's predicted pass rate "
+                                   "counts as this many attempts (it replaces the family's pooled evidence)")
 
 
 class LearnabilitySampler:
@@ -139,6 +148,25 @@ class LearnabilitySampler:
             picks = rng.choice(len(pool), size=k, replace=False, p=w / w.sum())
             chosen += [pool[int(i)] for i in picks]
         return chosen
+
+    def screened_learnability(self, task_id: str, predicted: float) -> float:
+        """E[p(1-p)] under the task's own posterior plus a predicted pass rate worth
+        `screen_strength` attempts (in place of the family's pooled evidence: the prediction is
+        about this task, and fresh)."""
+        s, k = self.stats[task_id], self.config.screen_strength
+        a, b = s.alpha + k * predicted, s.beta + k * (1.0 - predicted)
+        return a * b / ((a + b) * (a + b + 1))
+
+    def keep_screened(self, candidates: list[str], n: int, predicted: dict[str, float]) -> list[str]:
+        """The `n` candidates with the most expected reward variance: screened ones by their
+        predicted pass rate, the others by their posterior (ties keep the draw's random order)."""
+        def score(task_id: str) -> float:
+            if task_id in predicted:
+                return self.screened_learnability(task_id, predicted[task_id])
+            return self.learnability(task_id)
+
+        ranked = sorted(range(len(candidates)), key=lambda i: -score(candidates[i]))
+        return [candidates[i] for i in sorted(ranked[:n])]
 
     # ---- learning from attempts ---------------------------------------------------------------
 

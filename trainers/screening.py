@@ -1,0 +1,85 @@
+"""Predicting a task's pass rate before rolling it out, from the policy's probability of the
+task's reference solution (`sampler.screen`).
+
+In a short campaign the learnability sampler rarely sees a task twice, so its per-task posterior
+stays at the prior and only a family's pooled pass rate steers the draw: at low entropy most
+groups still come back all-pass or all-fail. One forward pass costs far less than G rollouts and
+says much more about one task: the probability the policy assigns to the task's oracle
+demonstration (its calls, rendered as the policy's own tokens) is the chance that sampling at
+temperature 1 reproduces it exactly, a lower bound on the pass rate (other answers may pass too).
+Measured on BFCL from one SFT checkpoint (33 train entries, 6 rollouts each): the correlation of
+that probability with the group's pass rate was 0.86, and of the candidates ranked in the top half
+by predicted p(1-p), 6% came back with zero reward variance against 76% of the bottom half.
+
+`ReferenceScreen` keeps each task's reference (the oracle played once through its environment and
+verifier; a task whose oracle fails or is missing has none and is never screened) and scores a
+list of tasks with a model in one batched, gradient-free pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from toolgym.harness.demonstrations import collect_demonstrations
+from toolgym.harness.trajectory import Trajectory
+from toolgym.tasks import Task
+from toolgym.trainers.batching import micro_batches, pack, select, sequence_logprobs
+from toolgym.verifiers import Outcome
+
+#: tokens per forward micro-batch of the screen (rows x longest row)
+SCREEN_TOKEN_BUDGET = 16384
+
+
+class ReferenceScreen:
+    """Reference demonstrations per task and their log-probability under a model."""
+
+    def __init__(self, tokenizer: Any, make_env: Callable[[str], Any], concurrency: int = 16) -> None:
+        self.tokenizer = tokenizer
+        self.make_env = make_env
+        self.concurrency = concurrency
+        #: task id -> its passing oracle demonstration, or None (no oracle, or it failed)
+        self.references: dict[str, Trajectory | None] = {}
+
+    def ensure(self, tasks: list[Task]) -> None:
+        """Play the oracle once on every task that has no reference yet."""
+        missing = [t for t in tasks if t.id not in self.references]
+        if not missing:
+            return
+        played = collect_demonstrations(missing, self.tokenizer, self.make_env, concurrency=self.concurrency,
+                                        progress=False)
+        by_id = {t.task_id: t for t in played}
+        for task in missing:
+            demo = by_id.get(task.id)
+            self.references[task.id] = demo if demo is not None and demo.outcome == Outcome.PASSED else None
+
+    def log_probabilities(self, model: torch.nn.Module, tasks: list[Task], pad_id: int,
+                          max_len: int | None = None) -> dict[str, float]:
+        """log p(reference | task) under `model`, summed over the reference's policy tokens, for
+        every task that has a reference (the others are left out)."""
+        self.ensure(tasks)
+        known = [t.id for t in tasks if self.references.get(t.id) is not None]
+        if not known:
+            return {}
+        batch = pack([self.references[i] for i in known], [0.0] * len(known), pad_id, max_len)  # type: ignore[misc]
+        device = next(model.parameters()).device
+        lengths = batch.attention.sum(1).tolist()
+        out: dict[str, float] = {}
+        with torch.no_grad():
+            for group in micro_batches(lengths, SCREEN_TOKEN_BUDGET):
+                mb = select(batch, group).to(device)
+                logp, _ = sequence_logprobs(model, mb.input_ids, mb.attention, share_prefix=False, mask=mb.mask)
+                sums = (logp.float() * mb.mask).sum(1).tolist()
+                out.update({known[i]: s for i, s in zip(group, sums)})
+        return out
+
+
+def predicted_pass_rate(log_probability: float) -> float:
+    """The chance that sampling (temperature 1) reproduces the reference exactly: a lower bound
+    of the task's pass rate."""
+    return math.exp(min(0.0, log_probability))
+
+
+__all__ = ["ReferenceScreen", "SCREEN_TOKEN_BUDGET", "predicted_pass_rate"]
