@@ -417,6 +417,8 @@ class Campaign:
         start = time.perf_counter()
         if self._screen is None:
             self._screen = ReferenceScreen(self.tokenizer, self.make_env, self.config.rollout.concurrency)
+            # the SFT stage already played these tasks' oracles: their demonstrations are the references
+            self._screen.references.update({d.task_id: d for d in self.demos or []})
         tasks = [self.train_tasks[suite][i] for i in candidates]
         logps = self._screen.log_probabilities(self.screen_model(), tasks, self.policy.pad_id,
                                                self.config.rollout.max_total_tokens)
