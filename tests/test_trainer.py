@@ -150,6 +150,55 @@ def test_bad_configs_name_the_field(tmp_path):
     assert out.returncode == 2 and "no such config file" in out.stderr
 
 
+def test_evaluation_only_suites_are_checked(tmp_path):
+    """A stage that does not exist, or a suite both trained and evaluation-only, is refused by name."""
+    extra = {"env": "bfcl-v0", "suite": "bfcl", "stages": ["later"]}
+    with pytest.raises(ConfigError, match=r"eval\.suites\[bfcl\]\.stages.*base, sft, initial, steps, final"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"eval": {"suites": [extra]}})))
+    extra = {"env": "records-v0", "suite": "records"}
+    with pytest.raises(ConfigError, match="'records' is also in envs"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"eval": {"suites": [extra]}})))
+
+
+def test_demo_multi_turn_adds_bfcl_multi_as_an_evaluation_only_suite(tmp_path):
+    """`toolgym demo --multi-turn N`'s override: BFCL multi-turn evaluated at every stage, with BFCL's
+    own turns and 4,096 tokens per conversation; the trained mix is unchanged."""
+    from toolgym.cli.train import DEMO_CONFIG, MULTI_TURN_SUITE, _load
+
+    config = _load(DEMO_CONFIG, tmp_path, [f"eval.suites=[{MULTI_TURN_SUITE.format(tasks=5)}]"])
+    (extra,) = config.eval.suites
+    assert (extra.env, extra.suite, extra.tasks, extra.max_turns, extra.max_total_tokens) == (
+        "bfcl-multi-v0", "bfcl-multi", 5, None, 4096)
+    assert {"base", "sft", "final"} <= set(extra.stages) and [m.suite for m in config.envs] == ["bfcl"]
+
+
+def test_an_evaluation_only_suite_is_evaluated_under_its_own_budget_and_never_trained(tmp_path):
+    """`eval.suites`: BFCL beside a records campaign, at the final evaluation only, with its own
+    turns and tokens: none of its tasks is a demonstration or drawn, its report records its own
+    budget, and the headline says it was evaluated only."""
+    data = _small_config(tmp_path, {"eval": {"base_tasks": 2, "max_turns": 2, "suites": [
+        {"env": "bfcl-v0", "suite": "bfcl", "tasks": 3, "max_turns": 1, "max_total_tokens": 1500, "stages": ["final"]}]}})
+    data["sft"]["steps"], data["rl"]["steps"] = 1, 1
+    campaign = Campaign(load_config(_write(tmp_path, data)), progress=False)
+    result = campaign.run()
+    assert set(campaign.samplers) == {"records"} and set(campaign.train_tasks) == {"records"}
+    assert {t.env_id for t in campaign.demos} == {"toolgym/records-v0"}
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["base", "final", "sft"]
+    assert not (run / "eval" / "sft" / "bfcl").exists() and not (run / "eval" / "base" / "bfcl").exists()
+    report = json.loads((run / "eval" / "final" / "bfcl" / "report.json").read_text())
+    assert report["overall"]["episodes"] == 3
+    assert report["budget"]["max_turns"] == 1 and report["budget"]["max_total_tokens"] == 1500
+    trained = json.loads((run / "eval" / "final" / "records" / "report.json").read_text())["budget"]
+    assert trained["max_turns"] == 2 and trained["max_total_tokens"] == 2048  # the trained suite keeps the campaign's
+    rollouts = [json.loads(line) for path in (run / "rollouts").glob("*.jsonl") for line in path.read_text().splitlines()]
+    assert rollouts and {r["env_id"] for r in rollouts} == {"toolgym/records-v0"}
+    line = next(line for line in result["lines"] if line.startswith("bfcl "))
+    assert line.startswith("bfcl held-out pass@1: final ") and line.endswith("(3 episodes; evaluated only, never trained on)")
+    assert next(line for line in result["lines"] if line.startswith("records ")).startswith(
+        "records held-out pass@1: base ")
+
+
 def test_allocation_by_weight():
     assert allocate(8, [3, 1]) == [6, 2] and allocate(3, [1, 1, 1]) == [1, 1, 1] and sum(allocate(7, [5, 1])) == 7
 

@@ -42,7 +42,7 @@ from toolgym.tasks import Task, builtin_suite
 from toolgym.trainers import core_algos as ca
 from toolgym.trainers.batching import TokenBatch, pack
 from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, read_metrics, read_run_state, save_checkpoint
-from toolgym.trainers.config import CampaignConfig, EnvMix
+from toolgym.trainers.config import CampaignConfig, EnvMix, EvalSuite
 from toolgym.trainers.distributed import Coordinator, follow, init_training_processes, under_torchrun
 from toolgym.trainers.inference import CopiedWeights, merged_model
 from toolgym.trainers.learner import Learner, apply_lora
@@ -145,7 +145,7 @@ class Campaign:
         self.learner = Learner(self.policy.model, config.rl.learner, off_policy=off_policy,
                                generation_budget=min(r.max_total_tokens, r.max_turns * r.max_new_tokens))
         self.trainer = Coordinator(self.learner)
-        self.suites = {mix.suite: builtin_suite(mix.suite) for mix in config.envs}
+        self.suites = {mix.suite: builtin_suite(mix.suite) for mix in [*config.envs, *config.eval.suites]}
         self.mix = {mix.suite: mix for mix in config.envs}
         self.train_tasks: dict[str, dict[str, Task]] = {}
         for mix in config.envs:
@@ -186,7 +186,7 @@ class Campaign:
 
     def make_env(self, env_id: str):
         """An environment for `env_id` with the campaign's sandbox settings for it."""
-        for mix in self.config.envs:
+        for mix in [*self.config.envs, *self.config.eval.suites]:
             if full_id(mix.env) == env_id and mix.sandbox is not None:
                 return toolgym.make(mix.env, sandbox=mix.sandbox).unwrapped
         return toolgym.make(env_id).unwrapped
@@ -199,9 +199,13 @@ class Campaign:
         return TokenAgent(policy or default, self.tokenizer,
                           SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p))
 
-    def limits(self, evaluation: bool = False) -> RolloutLimits:
-        """Per-episode limits of the campaign (of its evaluations with `evaluation`)."""
+    def limits(self, evaluation: bool = False, suite: EvalSuite | None = None) -> RolloutLimits:
+        """Per-episode limits of the campaign (of its evaluations with `evaluation`; of the
+        evaluation-only `suite`, its own turns and tokens per episode)."""
         r = self.config.rollout
+        if suite is not None:
+            return RolloutLimits(max_turns=suite.max_turns, max_new_tokens_per_turn=r.max_new_tokens,
+                                 max_total_tokens=suite.max_total_tokens or r.max_total_tokens)
         turns = (self.config.eval.max_turns if evaluation else None) or r.max_turns
         return RolloutLimits(max_turns=turns, max_new_tokens_per_turn=r.max_new_tokens,
                              max_total_tokens=r.max_total_tokens)
@@ -586,20 +590,25 @@ class Campaign:
 
     def evaluate(self, label: str, max_tasks: int = 0) -> dict[str, Any]:
         """Held-out pass@k per environment (harness `evaluate`), written under eval/<label>/; on
-        each environment's first `eval_tasks` held-out tasks (and at most `max_tasks` if set)."""
+        each environment's first `eval_tasks` held-out tasks (and at most `max_tasks` if set), then
+        on the evaluation-only suites (`eval.suites`) that join this stage."""
         c = self.config
         results = {}
         release_memory()  # training's peak goes back to the OS before evaluation batches need memory
-        for mix in c.envs:
-            suite = self.suites[mix.suite]
-            out = self.run_dir / "eval" / label / mix.suite
-            tasks = min(t for t in (mix.eval_tasks, max_tasks) if t) if (mix.eval_tasks or max_tasks) else 0
-            report, _ = run_eval(f"{self.policy.name}@{label}", suite, "held-out", c.eval.samples, c.eval.ks,
-                                 tasks, c.rollout.concurrency, c.seed, out, self.limits(evaluation=True),
+        stage = "steps" if label.startswith("step-") else label
+        # the trained suites, then the evaluation-only ones that join this stage, each with its budget
+        plan = [(mix.suite, mix.eval_tasks, self.limits(evaluation=True)) for mix in c.envs]
+        plan += [(extra.suite, extra.tasks, self.limits(evaluation=True, suite=extra))
+                 for extra in c.eval.suites if stage in extra.stages]
+        for name, eval_tasks, limits in plan:
+            out = self.run_dir / "eval" / label / name
+            tasks = min(t for t in (eval_tasks, max_tasks) if t) if (eval_tasks or max_tasks) else 0
+            report, _ = run_eval(f"{self.policy.name}@{label}", self.suites[name], "held-out", c.eval.samples, c.eval.ks,
+                                 tasks, c.rollout.concurrency, c.seed, out, limits,
                                  progress=self.progress, agent=self.agent(c.eval.temperature), env_factory=self.make_env)
-            results[mix.suite] = {f"pass@{k}": report.overall.pass_at[str(k)].value for k in c.eval.ks}
-            results[mix.suite]["infra_error_rate"] = report.overall.outcome_rates.get("infra_error", 0.0)
-            self.console.print(f"eval {label} {mix.suite}: " + ", ".join(
+            results[name] = {f"pass@{k}": report.overall.pass_at[str(k)].value for k in c.eval.ks}
+            results[name]["infra_error_rate"] = report.overall.outcome_rates.get("infra_error", 0.0)
+            self.console.print(f"eval {label} {name}: " + ", ".join(
                 f"pass@{k} {report.overall.pass_at[str(k)].value:.3f} [{report.overall.pass_at[str(k)].low:.3f}, "
                 f"{report.overall.pass_at[str(k)].high:.3f}]" for k in c.eval.ks))
         assert self.metrics is not None

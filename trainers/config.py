@@ -125,6 +125,34 @@ class RolloutSettings(_Strict):
     save: bool = Field(default=True, description="write each RL step's trajectories to OUT/rollouts/step-N.jsonl")
 
 
+#: The evaluations an evaluation-only suite can join (`EvalSuite.stages`); "steps" = `eval.every`'s.
+EVAL_STAGES = ("base", "sft", "initial", "steps", "final")
+
+
+class EvalSuite(_Strict):
+    """A suite evaluated beside the trained ones and never trained on: none of its tasks is a
+    demonstration or drawn for RL. It keeps its own episode budget (a multi-turn family needs more
+    turns and tokens than single-turn ones), the same at every evaluation it joins."""
+
+    env: str = Field(description="registered env id, e.g. bfcl-multi-v0")
+    suite: str = Field(description="registered suite name; its held-out split is evaluated")
+    tasks: int = Field(default=0, ge=0, description="evaluate on the first N held-out tasks (0 = all)")
+    max_turns: int | None = Field(default=None, ge=1, description="turns per episode (None = the environment's own "
+                                  "limit, e.g. BFCL's 20 steps per user request)")
+    max_total_tokens: int | None = Field(default=None, ge=64, description="tokens per episode, prompt included "
+                                         "(None = rollout.max_total_tokens)")
+    stages: list[str] = Field(default_factory=lambda: list(EVAL_STAGES), description="the evaluations it joins: "
+                              "base, sft, initial, steps, final (a slow suite can be evaluated at the end only)")
+    sandbox: dict[str, Any] | None = Field(default=None, description="SandboxConfig fields for sandboxed envs")
+
+    @model_validator(mode="after")
+    def _check_stages(self) -> "EvalSuite":
+        unknown = [s for s in self.stages if s not in EVAL_STAGES]
+        if unknown or not self.stages:
+            raise ValueError(f"eval.suites[{self.suite}].stages {self.stages}: use some of {', '.join(EVAL_STAGES)}")
+        return self
+
+
 class EvalSettings(_Strict):
     """Held-out evaluation through the harness's `evaluate` (pass@k with bootstrap CIs)."""
 
@@ -136,6 +164,8 @@ class EvalSettings(_Strict):
                                   "every evaluation (None = rollout.max_turns)")
     samples: int = Field(default=1, ge=1)
     ks: list[int] = Field(default_factory=lambda: [1])
+    suites: list[EvalSuite] = Field(default_factory=list, description="suites evaluated but never trained on, "
+                                    "each with its own budget (held-out accuracy on a family the run does not train)")
 
 
 class CheckpointSettings(_Strict):
@@ -173,6 +203,11 @@ class CampaignConfig(_Strict):
             raise ValueError(f"rl.learner.loss {self.rl.learner.loss!r}: use one of {', '.join(core_algos.POLICY_LOSSES)}")
         if self.rl.learner.agg is not None and self.rl.learner.agg not in core_algos.AGGREGATIONS:
             raise ValueError(f"rl.learner.agg {self.rl.learner.agg!r}: use one of {', '.join(core_algos.AGGREGATIONS)}")
+        trained = {mix.suite for mix in self.envs}
+        for extra in self.eval.suites:
+            if extra.suite in trained:
+                raise ValueError(f"eval.suites: {extra.suite!r} is also in envs (trained on, and evaluated there); "
+                                 "list a suite in one place")
         return self
 
 
@@ -226,5 +261,5 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ca
             "missing",) and not isinstance(first.get("input"), dict) else "")) from None
 
 
-__all__ = ["CampaignConfig", "CheckpointSettings", "ConfigError", "EnvMix", "EvalSettings", "ModelSettings",
+__all__ = ["CampaignConfig", "CheckpointSettings", "ConfigError", "EnvMix", "EvalSettings", "EvalSuite", "ModelSettings",
            "RLSettings", "RaySettings", "RolloutSettings", "SFTSettings", "TinyModel", "load_config"]

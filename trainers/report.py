@@ -125,6 +125,17 @@ def _points(est: Any) -> str:
     return f"{est.value * 100:+.1f} [{est.low * 100:+.1f}, {est.high * 100:+.1f}]"
 
 
+def evaluation_only_suites(run_dir: Path) -> set[str]:
+    """The suites the run evaluated but never trained on (`eval.suites` in its config.yaml)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return set()
+    return {entry.get("suite") for entry in (config.get("eval") or {}).get("suites") or [] if isinstance(entry, dict)}
+
+
 def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], before: str, after: str,
                     headline: dict[str, Any]) -> list[str]:
     """The held-out table: base, `before` (SFT) and `after` (final) pass@1 per suite and family, with
@@ -141,6 +152,7 @@ def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], 
              + (f" {after} - {base} (paired) |" if base else ""),
              "|---|---|---|" + "---|" * (len(cols) + 1 + bool(base))]
     warnings = []
+    evaluated_only = evaluation_only_suites(run_dir)
     for suite in sorted(set(evals[before]) | set(evals.get(after, {}))):
         reports = [evals.get(c, {}).get(suite) for c in cols]
         budgets = {json.dumps((r or {}).get("budget"), sort_keys=True) for r in reports if r}
@@ -162,8 +174,10 @@ def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], 
                          + f" | {_points(diff)} |" + (f" {_points(base_diff)} |" if base else ""))
             if fam is None:
                 values = {c: (e or {}).get("value") for c, e in zip(cols, ests)}
+                after_est = ests[-1] or {}
                 headline["suites"][suite] = {
                     "base": values.get(base) if base else None, "before": values[before], "after": values[after],
+                    "after_ci": [after_est.get("low"), after_est.get("high")], "evaluated_only": suite in evaluated_only,
                     "gain_points": None if diff is None or diff.tasks == 0 else diff.value * 100,
                     "gain_ci_points": None if diff is None or diff.tasks == 0 else [diff.low * 100, diff.high * 100],
                     "episodes": episodes, "labels": cols,
@@ -277,7 +291,14 @@ def headline_lines(headline: dict[str, Any]) -> list[str]:
     names = {"base": "base", "sft": "SFT", "initial": "initial", "final": "final"}
     out = []
     for suite, n in headline.get("suites", {}).items():
-        if n.get("after") is None or n.get("before") is None:
+        if n.get("after") is None:
+            continue
+        untrained = "; evaluated only, never trained on" if n.get("evaluated_only") else ""
+        if n.get("before") is None:  # an evaluation-only suite evaluated at the end alone
+            lo, hi = n.get("after_ci") or [None, None]
+            ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+            label = names.get(n["labels"][-1], n["labels"][-1])
+            out.append(f"{suite} held-out pass@1: {label} {n['after']:.3f}{ci} ({n['episodes']} episodes{untrained})")
             continue
         chain = " -> ".join(f"{names.get(lbl, lbl)} {v:.3f}" for lbl, v in zip(
             n["labels"], [n.get("base"), n["before"], n["after"]][-len(n["labels"]):]) if v is not None)
@@ -290,7 +311,7 @@ def headline_lines(headline: dict[str, Any]) -> list[str]:
                 blo, bhi = n["base_gain_ci_points"]
                 detail += (f"; {names.get(n['labels'][-1], n['labels'][-1])} - base {n['base_gain_points']:+.1f} points, "
                            f"95% CI [{blo:+.1f}, {bhi:+.1f}], paired on {n['base_episodes']} episodes")
-            detail += ")"
+            detail += untrained + ")"
         out.append(f"{suite} held-out pass@1: {chain}{detail}")
     return out
 
@@ -354,5 +375,5 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     return headline
 
 
-__all__ = ["ReportError", "write_audit", "curve_table", "handoff_section", "headline_lines", "heldout_section", "plot_curves",
-           "write_report"]
+__all__ = ["ReportError", "write_audit", "curve_table", "evaluation_only_suites", "handoff_section", "headline_lines",
+           "heldout_section", "plot_curves", "write_report"]
