@@ -295,10 +295,10 @@ def headline_lines(headline: dict[str, Any]) -> list[str]:
             continue
         untrained = "; evaluated only, never trained on" if n.get("evaluated_only") else ""
         if n.get("before") is None:  # an evaluation-only suite evaluated at the end alone
-            lo, hi = n.get("after_ci") or [None, None]
-            ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+            lo, hi = n["after_ci"]  # set wherever "after" is
             label = names.get(n["labels"][-1], n["labels"][-1])
-            out.append(f"{suite} held-out pass@1: {label} {n['after']:.3f}{ci} ({n['episodes']} episodes{untrained})")
+            out.append(f"{suite} held-out pass@1: {label} {n['after']:.3f} [{lo:.3f}, {hi:.3f}] "
+                       f"({n['episodes']} episodes{untrained})")
             continue
         chain = " -> ".join(f"{names.get(lbl, lbl)} {v:.3f}" for lbl, v in zip(
             n["labels"], [n.get("base"), n["before"], n["after"]][-len(n["labels"]):]) if v is not None)
