@@ -55,6 +55,7 @@ def test_advantages_by_hand():
     assert ca.drgrpo_advantages(r, g).tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25, 0.0, 0.0])
     assert ca.grpo_advantages(r, g)[0].item() == pytest.approx(0.75 / (math.sqrt(3) / 4 + 1e-6))
     assert ca.rloo_advantages(r, g).tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3, 0.0, 0.0])
+    assert ca.ADVANTAGES["none"](r, g).tolist() == [0.0] * 6  # the reward ablation: no signal at all
     assert ca.group_signal(r, g) == {"groups": 2, "all_pass": 1, "all_fail": 0, "zero_variance": 1}
     assert ca.zero_variance_mask(r, g).tolist() == [False] * 4 + [True, True]
 

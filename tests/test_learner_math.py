@@ -172,3 +172,27 @@ def test_the_sft_anchor_adds_its_coefficient_times_the_demonstrations_nll(tiny_d
     plain, plain_metrics, _ = _learner_grads(tiny_dir, demo_batch, LearnerConfig(token_budget=600, grad_clip=1e9))
     assert not torch.allclose(plain, by_hand, atol=1e-6, rtol=1e-4)  # the anchor really moved the gradient
     assert "anchor_nll" not in plain_metrics
+
+
+def test_with_advantage_none_an_anchored_update_is_the_anchor_alone(tiny_dir, demo_batch):
+    """The reward ablation (`rl.advantage: none`): zero advantages leave the policy-gradient term
+    without gradient, so the update is coef x the demonstrations' NLL gradient, nothing else."""
+    from toolgym.trainers import core_algos as ca
+
+    anchor = TokenBatch(demo_batch.input_ids[3:], demo_batch.attention[3:], demo_batch.mask[3:],
+                        demo_batch.rollout_logp[3:], torch.zeros(3))
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0][: len(demo_batch.advantages)])
+    zero = ca.ADVANTAGES["none"](rewards, torch.zeros(len(rewards), dtype=torch.long))
+    ablated = TokenBatch(demo_batch.input_ids, demo_batch.attention, demo_batch.mask, demo_batch.rollout_logp, zero)
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    a_logp, _ = sequence_logprobs(policy.model, anchor.input_ids, anchor.attention)
+    (0.3 * -(a_logp * anchor.mask).sum() / anchor.mask.sum()).backward()
+    anchor_only = _grads(policy.model)
+
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    learner = Learner(policy.model, LearnerConfig(token_budget=600, grad_clip=1e9), generation_budget=BUDGET)
+    learner._step = lambda: 0.0
+    learner.rl_step(ablated, anchor=anchor, anchor_coef=0.3)
+    assert torch.allclose(_grads(policy.model), anchor_only, atol=1e-6, rtol=1e-4)
+    graded, _, _ = _learner_grads(tiny_dir, demo_batch, LearnerConfig(token_budget=600, grad_clip=1e9))
+    assert graded.abs().sum() > 0  # the same batch with its advantages does carry a gradient

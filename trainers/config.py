@@ -75,7 +75,8 @@ class RLSettings(_Strict):
     steps: int = Field(default=20, ge=0)
     tasks_per_step: int = Field(default=8, ge=1)
     group_size: int = Field(default=8, ge=2, description="G rollouts per task (same seed); >= 2 for a baseline")
-    advantage: str = Field(default="grpo", pattern="^(grpo|drgrpo|rloo)$")
+    advantage: str = Field(default="grpo", pattern="^(grpo|drgrpo|rloo|none)$",
+                           description="none = every advantage 0: the reward ablation (only rl.sft_anchor trains)")
     drop_zero_variance: bool = Field(default=True, description="leave groups with equal rewards out of the gradient")
     dynamic_sampling: int = Field(default=2, ge=0, description="DAPO's dynamic sampling: when zero-variance groups "
                                   "leave fewer than tasks_per_step informative groups, draw and play more tasks, at "

@@ -74,6 +74,14 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float =
     return (rewards - others).to(torch.float32)
 
 
+@_register(ADVANTAGES, "none")
+def no_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Every advantage 0: the reward ablation. The policy-gradient term vanishes, so an RL stage
+    with `rl.sft_anchor` trains on its anchor demonstrations alone, on the same schedule, draws and
+    rollouts: what its final model gains over this control is what the reward taught."""
+    return torch.zeros(len(rewards), dtype=torch.float32)
+
+
 def group_signal(rewards: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
     """How many groups carry no signal (all rewards equal): all-pass, all-fail, other zero-variance."""
     index, n = _group_index(group_ids)
