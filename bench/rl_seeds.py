@@ -2,6 +2,7 @@
 
     python bench/rl_seeds.py runs/demo [--seeds 0 1 2] [--out runs/rl-seeds]
     python bench/rl_seeds.py runs/demo --samplers learnability uniform [--out runs/sampler-arms]
+    python bench/rl_seeds.py runs/demo --advantages grpo none --seeds 0 [--out runs/reward-ablation]
 
 For each seed, `toolgym train RUN/config.yaml` (the run's own recipe) starts from `RUN/sft-model`
 (the very weights the run's SFT numbers came from) with the SFT stage and the base evaluation off
@@ -17,6 +18,11 @@ evaluation is read, not rerun (an interrupted bench resumes where it stopped).
 learnability sampler's bench on the run's own pool) and compares them: the share of rollouts
 that fell in zero-variance groups (no gradient), its ratio, and the final held-out accuracy of
 A minus B, paired by seed and task, with a 95% CI.
+
+`--advantages grpo none` is the reward ablation (`rl.advantage`, all else equal): `none` sets every
+advantage to 0, so its RL stage trains on the SFT anchor's demonstrations alone, with the same
+schedule, draws and rollouts. The recipe's final minus the ablation's final, paired by seed and
+task, is what the reward taught beyond replaying the demonstrations.
 """
 
 from __future__ import annotations
@@ -36,17 +42,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
 
 
-def train_from_sft(run: Path, seed: int, out: Path, sampler: str | None = None) -> float:
-    """One GRPO run of `run`'s recipe from `run/sft-model` with `seed` (and task sampler `sampler`
-    when given), into `out`: its wall seconds (0 when `out` already holds a finished run)."""
+#: the fields an arm may vary: command-line option -> config field
+ARM_FIELDS = {"samplers": "sampler.kind", "advantages": "rl.advantage"}
+
+
+def train_from_sft(run: Path, seed: int, out: Path, overrides: list[str] = ()) -> float:
+    """One GRPO run of `run`'s recipe from `run/sft-model` with `seed` (and the arm's config
+    `overrides`, `field=value`), into `out`: its wall seconds (0 when `out` already holds a
+    finished run)."""
     if (out / "eval" / "final").is_dir() and (out / "final-model").is_dir():
         print(f"{out}: finished earlier, read as it is", flush=True)
         return 0.0
     command = ["toolgym", "train", str(run / "config.yaml"), "--out", str(out),
                "--set", f"model.init={run / 'sft-model'}", "--set", "sft.steps=0",
                "--set", "eval.base_tasks=0", "--set", f"seed={seed}"]
-    if sampler:
-        command += ["--set", f"sampler.kind={sampler}"]
+    for override in overrides:
+        command += ["--set", override]
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
     code = subprocess.run(command).returncode  # its progress goes straight to this terminal / log
@@ -86,11 +97,11 @@ def zero_variance_share(run: Path) -> tuple[int, int]:
     return zero, total
 
 
-def compare_samplers(results: list[dict], finals: dict[tuple[str, int, str], list], a: str, b: str,
-                     suite: str) -> dict:
-    """Sampler `a` against `b` over the seeds both ran: zero-variance shares and their ratio, and
-    final held-out accuracy a - b paired by (seed, task) with its bootstrap CI. `finals`: each
-    (sampler, seed, suite)'s final trajectories, as `main` read them."""
+def compare_arms(results: list[dict], finals: dict[tuple[str, int, str], list], a: str, b: str,
+                 suite: str) -> dict:
+    """Arm `a` (a sampler, an advantage) against `b` over the seeds both ran: zero-variance shares
+    and their ratio, and final held-out accuracy a - b paired by (seed, task) with its bootstrap
+    CI. `finals`: each (arm, seed, suite)'s final trajectories, as `main` read them."""
     from toolgym.harness.evaluate import paired_difference
 
     def pooled(kind: str) -> list:
@@ -100,7 +111,7 @@ def compare_samplers(results: list[dict], finals: dict[tuple[str, int, str], lis
 
     share = {}
     for kind in (a, b):
-        rows = [r for r in results if r["sampler"] == kind and r["suite"] == suite]
+        rows = [r for r in results if r["arm"] == kind and r["suite"] == suite]
         share[kind] = sum(r["zero_variance_rollouts"] for r in rows) / max(1, sum(r["rollouts"] for r in rows))
     diff = paired_difference(pooled(b), pooled(a), seed=0)
     return {"suite": suite, "a": a, "b": b, "zero_variance_share": share,
@@ -113,8 +124,11 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a finished campaign directory with sft-model/")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs/rl-seeds"), help="where the seeds' runs go")
-    parser.add_argument("--samplers", nargs="+", default=None,
-                        help="task samplers to compare (sampler.kind), each run on every seed; default: the run's own")
+    arms = parser.add_mutually_exclusive_group()
+    arms.add_argument("--samplers", nargs="+", default=None,
+                      help="task samplers to compare (sampler.kind), each run on every seed; default: the run's own")
+    arms.add_argument("--advantages", nargs="+", default=None,
+                      help="advantage estimators to compare (rl.advantage; `none` is the reward ablation)")
     parser.add_argument("--json", default="runs/bench/rl_seeds.json")
     args = parser.parse_args()
     from toolgym.harness.evaluate import paired_difference
@@ -126,18 +140,21 @@ def main() -> None:
     suites = [mix["suite"] for mix in config["envs"]]
     run_sft = {suite: stage_numbers(args.run, "sft", suite)[0] for suite in suites}  # the run's own SFT score
     results, finals = [], {}
-    arms = [(kind, seed) for kind in (args.samplers or [None]) for seed in args.seeds]
-    for kind, seed in arms:
-        out = args.out / (f"{kind}-seed-{seed}" if kind else f"seed-{seed}")
-        seconds = train_from_sft(args.run, seed, out, kind)
-        sampler = kind or config["sampler"]["kind"]
+    option = next((name for name in ARM_FIELDS if getattr(args, name)), None)
+    chosen = getattr(args, option) if option else [None]
+    for kind, seed in [(kind, seed) for kind in chosen for seed in args.seeds]:
+        prefix = "" if kind is None else f"{kind}-" if option == "samplers" else f"advantage-{kind}-"
+        out = args.out / f"{prefix}seed-{seed}"
+        seconds = train_from_sft(args.run, seed, out, [f"{ARM_FIELDS[option]}={kind}"] if kind else [])
+        sampler = kind if option == "samplers" else config["sampler"]["kind"]
+        arm = kind or sampler
         zero, rollouts = zero_variance_share(out)
         for suite in suites:
             initial, initial_cats, before, _ = stage_numbers(out, "initial", suite)
             final, final_cats, after, limits_hit = stage_numbers(out, "final", suite)
             diff = paired_difference(before, after, seed=0)  # the bootstrap the run's own report uses
-            finals[(sampler, seed, suite)] = after
-            results.append({"seed": seed, "sampler": sampler, "suite": suite,
+            finals[(arm, seed, suite)] = after
+            results.append({"seed": seed, "arm": arm, "sampler": sampler, "suite": suite,
                             "run": str(out), "seconds": round(seconds, 1),
                             "rollouts": rollouts, "zero_variance_rollouts": zero,
                             "run_sft_pass@1": run_sft[suite], "initial": initial, "final": final,
@@ -151,7 +168,7 @@ def main() -> None:
         cats = ", ".join(f"{c} {r['by_category']['initial'].get(c, 0):.2f}->{v:.2f}"
                          for c, v in sorted(r["by_category"]["final"].items()))
         same = "reproduces" if abs(r["initial"] - r["run_sft_pass@1"]) < 1e-9 else "DIFFERS FROM"
-        print(f"{r['sampler']} seed {r['seed']}: {r['suite']} held-out pass@1 SFT {r['initial']:.3f} ({same} the run's SFT "
+        print(f"{r['arm']} seed {r['seed']}: {r['suite']} held-out pass@1 SFT {r['initial']:.3f} ({same} the run's SFT "
               f"{r['run_sft_pass@1']:.3f}) -> final {r['final']:.3f} (final - SFT {g['points']:+.1f} points, "
               f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired; {r['episodes']} episodes; "
               f"limits hit {r['final_limits_hit'] or 'none'}; {r['seconds'] / 60:.1f} min)\n  rollouts "
@@ -159,21 +176,22 @@ def main() -> None:
               f"by category: {cats}")
     comparisons = []
     for suite in suites:
-        for kind in dict.fromkeys(r["sampler"] for r in results):
-            gains = [r["final_minus_initial"]["points"] for r in results if r["suite"] == suite and r["sampler"] == kind]
+        for kind in dict.fromkeys(r["arm"] for r in results):
+            gains = [r["final_minus_initial"]["points"] for r in results if r["suite"] == suite and r["arm"] == kind]
             if len(gains) > 1:
-                print(f"{suite}, {kind} sampler, {len(gains)} seeds of GRPO from one SFT checkpoint: final - SFT mean "
+                print(f"{suite}, {kind}, {len(gains)} seeds of GRPO from one SFT checkpoint: final - SFT mean "
                       f"{statistics.mean(gains):+.1f} points, sd {statistics.stdev(gains):.1f}, "
                       f"min {min(gains):+.1f}, max {max(gains):+.1f}")
-        if args.samplers and len(args.samplers) == 2:
-            c = compare_samplers(results, finals, args.samplers[0], args.samplers[1], suite)
+        if option and len(chosen) == 2:
+            c = compare_arms(results, finals, chosen[0], chosen[1], suite)
             comparisons.append(c)
             s, g = c["zero_variance_share"], c["final_a_minus_b"]
             ratio = f"{c['ratio_b_over_a']:.2f}x" if c["ratio_b_over_a"] else "n/a"
             print(f"{suite}: rollouts in zero-variance groups {c['a']} {s[c['a']]:.0%}, {c['b']} {s[c['b']]:.0%} "
                   f"({c['b']} / {c['a']} = {ratio}); final held-out {c['a']} - {c['b']} {g['points']:+.1f} points, "
                   f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired by seed and task")
-    write_results(args.json, {"seeds": results, "sampler_comparison": comparisons} if comparisons else results)
+    key = {"samplers": "sampler_comparison", "advantages": "advantage_comparison"}.get(option or "")
+    write_results(args.json, {"seeds": results, key: comparisons} if comparisons else results)
 
 
 if __name__ == "__main__":
