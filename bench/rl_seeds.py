@@ -21,7 +21,7 @@ A minus B, paired by seed and task, with a 95% CI.
 
 `--advantages grpo none` is the reward ablation (`rl.advantage`, all else equal): `none` sets every
 advantage to 0, so its RL stage trains on the SFT anchor's demonstrations alone, with the same
-schedule, draws and rollouts. The recipe's final minus the ablation's final, paired by seed and
+steps, sampler, rollouts per step and anchor draws. The recipe's final minus the ablation's final, paired by seed and
 task, is what the reward taught beyond replaying the demonstrations.
 """
 

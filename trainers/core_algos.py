@@ -77,8 +77,9 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float =
 @_register(ADVANTAGES, "none")
 def no_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Every advantage 0: the reward ablation. The policy-gradient term vanishes, so an RL stage
-    with `rl.sft_anchor` trains on its anchor demonstrations alone, on the same schedule, draws and
-    rollouts: what its final model gains over this control is what the reward taught."""
+    with `rl.sft_anchor` trains on its anchor demonstrations alone, with the same steps, sampler,
+    rollouts per step and anchor draws (the tasks drawn after the first step differ, as the policy
+    does): what its final model gains over this control is what the reward taught."""
     return torch.zeros(len(rewards), dtype=torch.float32)
 
 
