@@ -25,15 +25,19 @@ from transformers.cache_utils import Cache, DynamicLayer
 class BufferLayer(DynamicLayer):
     """One layer's cache in a buffer allocated once for the batch, with room for every column.
 
-    Like transformers' `StaticLayer`, attention always sees the whole buffer (the causal mask
-    hides the columns not written yet) and `update` writes in place, so decoding a token copies
-    nothing: no concatenation, and no copy of a strided view by the matmul either (which is what
-    a view of the filled part costs on a CPU). It grows (doubling) if a caller writes past the
-    capacity. With `keys_transposed` the keys are stored as (rows, heads, dim, capacity), so the
-    matmul of `harness/cpu_attention.py` reads them as they are."""
+    `update` writes in place, so decoding a token copies nothing (no concatenation), and
+    attention reads a view of the filled columns only. Decoding is bound by reading the cache
+    (at 32 rows of 300-token prompts a step reads more bytes of keys and values than of weights),
+    so columns not written yet are not read: transformers' `StaticLayer` attends over the whole
+    buffer, which for an evaluation's 256-token budget and 60-token answers is a third more
+    columns than are filled. Measured on SmolLM2-135M, 64 BFCL prompts, greedy, bf16 on AVX-512:
+    decode 91-94 ms per step against 102 ms over the whole buffer, the same tokens. It grows
+    (doubling) if a caller writes past the capacity. With `keys_transposed` the keys are stored
+    as (rows, heads, dim, capacity), so the matmul of `harness/cpu_attention.py` reads them as
+    they are."""
 
-    #: Like a static cache, attention sees columns not written yet: transformers must always build
-    #: the mask for one-token forwards (it skips it for "compileable" caches only).
+    #: transformers must always build the mask for one-token forwards (it skips it for
+    #: "compileable" caches only): rows are left-padded, so the mask is never all ones.
     is_compileable = True
 
     def __init__(self, rows: int, heads: int, dim: int, capacity: int, dtype: torch.dtype, device: torch.device,
@@ -60,8 +64,8 @@ class BufferLayer(DynamicLayer):
         return self.key_buffer[:, :, start:stop]
 
     def _views(self) -> None:
-        self.keys = self._key_columns(0, self.capacity)
-        self.values = self.value_buffer
+        self.keys = self._key_columns(0, self.length)
+        self.values = self.value_buffer[:, :, : self.length]
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.capacity)
@@ -113,8 +117,8 @@ class BufferLayer(DynamicLayer):
         return self.length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """Attention covers the whole buffer (see the class docstring)."""
-        return self.capacity, 0
+        """Attention covers the filled columns and the `query_length` about to be written."""
+        return self.length + query_length, 0
 
     def get_max_length(self) -> int:
         """No fixed maximum: the buffer grows if it must."""

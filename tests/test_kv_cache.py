@@ -96,7 +96,10 @@ def test_buffer_layer_layouts_hold_the_same_cache():
         layer.advance(2)
         keys, values = layer.update(new_k, new_v)
         assert layer.get_seq_length() == 8 and layer.capacity >= 8
-        assert keys.shape == (2, 3, layer.capacity, 4) and values.shape == keys.shape
+        # attention reads the filled columns only, never the room left for later tokens
+        assert keys.shape == (2, 3, 8, 4) and values.shape == keys.shape
+        assert torch.equal(keys[:, :, 2:], new_k) and torch.equal(values[:, :, 2:], new_v)
+        assert layer.get_mask_sizes(1) == (9, 0)
     for layer in (plain, transposed):
         k, v = layer.read(1, torch.tensor([0, 1, 2, 7]))
         assert torch.equal(k, torch.cat([past_k, new_k[1][:, [0, 5]]], dim=1))
