@@ -51,7 +51,7 @@ from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.ray_backend import ray_runner, start_ray
 from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.trainers.screening import ReferenceScreen, predicted_pass_rate
-from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_progress
+from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_learning_rate, sft_progress
 from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics
 from toolgym.verifiers import Outcome
 
@@ -365,8 +365,11 @@ class Campaign:
         self.trainer.run("restart_optimizer", s.lr)  # a fresh optimizer for SFT, another for RL after
         with sft_progress(s.steps, self.progress) as advance:
             for i, chosen in enumerate(sft_batches(demos, s.steps, s.batch_size, self.rng)):
+                lr = sft_learning_rate(s.lr, i, s.steps, s.schedule, s.warmup_steps)
+                self.trainer.run("set_lr", lr)
                 m = self.trainer.run("sft", pack(chosen, [0.0] * len(chosen), self.policy.pad_id,
                                                  self.config.rollout.max_total_tokens))
+                m["lr"] = lr
                 self.metrics.log(i + 1, m, kind="sft")
                 advance(m["sft_loss"])
         self.trainer.run("restart_optimizer", self.config.rl.learner.lr)

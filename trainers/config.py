@@ -66,6 +66,10 @@ class SFTSettings(_Strict):
     steps: int = Field(default=0, ge=0, description="0 = no SFT stage")
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=3e-3, gt=0)
+    schedule: str = Field(default="constant", pattern="^(constant|linear|cosine)$",
+                          description="the learning rate over the SFT steps: constant, or decayed to 0 by the last "
+                          "step (linear: transformers' Trainer default; cosine)")
+    warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup from 0 before the schedule")
     demos_per_suite: int = Field(default=256, ge=1, description="demonstrations from the first N train tasks")
 
 

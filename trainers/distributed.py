@@ -84,6 +84,8 @@ class Coordinator:
             return learner.sft_step(learner.shard(payload))
         if op == "restart_optimizer":
             return learner.restart_optimizer(payload)
+        if op == "set_lr":
+            return learner.set_lr(payload)
         if op == "weights":
             return learner.full_state_dict()
         if op == "checkpoint":

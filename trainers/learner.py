@@ -177,6 +177,11 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next updates (a schedule's step), the optimizer state kept."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(model, optimizer) state dicts of the whole model, on the CPU. Data-parallel: a
         collective every rank calls; rank 0 gets them (FSDP2 gathers the shards)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -48,6 +49,24 @@ def sft_batches(demos: list[Trajectory], steps: int, batch_size: int, rng: np.ra
         yield [demos[int(j)] for j in order[start: start + batch_size]]
 
 
+def sft_learning_rate(lr: float, step: int, steps: int, schedule: str = "constant", warmup_steps: int = 0) -> float:
+    """The learning rate of SFT step `step` (0-based) of `steps`: a linear warmup over the first
+    `warmup_steps`, then `lr` held (constant) or decayed towards 0 (linear, cosine) so that the
+    last step's rate is the smallest. Decay is why the stage's end point does not hang on its
+    last few batches: at a constant rate the model moves as far on them as on the first ones."""
+    if step < warmup_steps:
+        return lr * (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return lr
+    span = max(1, steps - warmup_steps)
+    done = (step - warmup_steps + 1) / (span + 1)  # never 0 inside the stage: every step learns
+    if schedule == "linear":
+        return lr * (1.0 - done)
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * done))
+    raise ValueError(f"unknown SFT schedule {schedule!r}: use constant, linear or cosine")
+
+
 @contextmanager
 def sft_progress(steps: int, enabled: bool) -> Iterator[Callable[[float], None]]:
     """A progress bar for SFT; yields `advance(loss)`."""
@@ -70,4 +89,4 @@ def sft_progress(steps: int, enabled: bool) -> Iterator[Callable[[float], None]]
         yield advance
 
 
-__all__ = ["oracle_demonstrations", "sft_batches", "sft_progress"]
+__all__ = ["oracle_demonstrations", "sft_batches", "sft_learning_rate", "sft_progress"]
