@@ -174,8 +174,7 @@ class Learner:
     def restart_optimizer(self, lr: float) -> None:
         """A fresh optimizer state at learning rate `lr` (a new training stage: SFT, then RL)."""
         self.optimizer.state.clear()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.set_lr(lr)
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next updates (a schedule's step), the optimizer state kept."""
