@@ -118,3 +118,41 @@ def test_screened_candidates_with_a_predicted_pass_rate_near_one_half_are_kept()
     assert s.keep_screened(["sure", "hopeless"], 1, predicted) == ["sure"]  # a tie keeps the first drawn
     with pytest.raises(ValueError):
         SamplerConfig(screen=-1)
+
+
+def test_family_quotas_split_evenly_and_give_a_small_family_s_excess_to_the_others():
+    groups = {**{f"a{i}": "a" for i in range(10)}, **{f"b{i}": "b" for i in range(10)},
+              **{f"c{i}": "c" for i in range(10)}, "lone": "d"}
+    s = LearnabilitySampler(list(groups), SamplerConfig(stratify=True), groups)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        q = s.family_quotas(8, rng)
+        assert sum(q.values()) == 8 and q["d"] == 1  # "d" has one task: its share of 2 goes to the others
+        assert sorted(q[f] for f in "abc") == [2, 2, 3]
+    assert s.family_quotas(3, rng, exclude=frozenset(groups) - {"a0", "b0", "b1"}) == {"a": 1, "b": 2}
+    assert sum(s.family_quotas(100, rng).values()) == 31  # never more than there are tasks
+
+
+def test_a_stratified_draw_keeps_a_mastered_family_in_every_step():
+    """Without `stratify`, a family that always passes is drawn at the floor's weight; with it,
+    every draw of 4 over 4 families holds one task of each, the weights choosing within them."""
+    groups = {f"{fam}{i}": fam for fam in ("solved", "x", "y", "z") for i in range(10)}
+    for stratify in (False, True):
+        s = LearnabilitySampler(list(groups), SamplerConfig(stratify=stratify, floor=0.001, min_attempts=100), groups)
+        for i in range(10):
+            s.update(f"solved{i}", [1.0] * 400)  # confidently passing: E[p(1-p)] about 0.0024
+        rng = np.random.default_rng(1)
+        drawn = []
+        for _ in range(50):
+            if stratify:
+                ids = [t for f, q in s.family_quotas(4, rng).items() for t in s.draw(q, rng, family=f)]
+            else:
+                ids = s.draw(4, rng)
+            assert len(set(ids)) == 4
+            drawn.append(sum(groups[t] == "solved" for t in ids))
+        if stratify:
+            assert drawn == [1] * 50
+        else:  # about 0.05 a draw expected
+            assert sum(drawn) <= 10
+    with pytest.raises(ValueError):
+        SamplerConfig(stratify="sometimes")

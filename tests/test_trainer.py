@@ -367,6 +367,26 @@ def test_the_sft_anchor_replays_the_sft_demonstrations_drawn_by_step(tmp_path):
         off.close()
 
 
+def test_a_stratified_screened_draw_takes_one_task_per_family(tmp_path):
+    """`sampler.stratify` with `screen: 2`: the step's tasks are split across the suite's families
+    before the screen, and the screen keeps the split (it screens each family's candidates)."""
+    from toolgym.trainers.campaign import Campaign
+
+    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
+        "sft": {"steps": 0}, "sampler": {"screen": 2, "stratify": True},
+        "rl": {"steps": 1, "tasks_per_step": 3, "group_size": 2, "dynamic_sampling": 0}})))
+    campaign = Campaign(cfg, progress=False)
+    try:
+        families = {t.family for t in campaign.train_tasks["records"].values()}
+        assert len(families) >= 3
+        for _ in range(3):
+            chosen = campaign.draw()
+            assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3
+        assert campaign._screen_stats["screen_candidates"] == 18  # 2 per task, per family
+    finally:
+        campaign.close()
+
+
 def test_the_screen_scores_references_with_the_sampling_model_and_keeps_the_most_learnable(tmp_path):
     """`sampler.screen: 3`: three candidates per task needed, each reference solution scored by the
     model rollouts sample from (the sum of its policy tokens' log-probabilities, as a plain forward

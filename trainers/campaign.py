@@ -411,10 +411,14 @@ class Campaign:
         factor = s.screen if s.kind == "learnability" and s.screen > 1 else 1
         with self._draw_lock:
             for mix, n_env in zip(self.config.envs, counts):
-                ids = self.samplers[mix.suite].draw(n_env * factor, self.rng, exclude)
-                if len(ids) > n_env:
-                    ids = self.screened(mix.suite, ids, n_env)
-                chosen += [(mix.suite, self.train_tasks[mix.suite][task_id]) for task_id in ids]
+                sampler = self.samplers[mix.suite]
+                # a stratified draw screens within each family, so the screen keeps the split
+                quotas = sampler.family_quotas(n_env, self.rng, exclude) if s.stratify else {None: n_env}
+                for family, quota in quotas.items():
+                    ids = sampler.draw(quota * factor, self.rng, exclude, family)
+                    if len(ids) > quota:
+                        ids = self.screened(mix.suite, ids, quota)
+                    chosen += [(mix.suite, self.train_tasks[mix.suite][task_id]) for task_id in ids]
         return chosen
 
     def screened(self, suite: str, candidates: list[str], n: int) -> list[str]:
@@ -436,8 +440,11 @@ class Campaign:
         stats["screen_scored"] = stats.get("screen_scored", 0) + len(predicted)
         stats["screen_seconds"] = stats.get("screen_seconds", 0.0) + time.perf_counter() - start
         kept_predictions = [predicted[i] for i in kept if i in predicted]
-        if kept_predictions:
-            stats["screen_kept_predicted_pass"] = float(np.mean(kept_predictions))
+        if kept_predictions:  # the mean over every screen of the step (one per family when stratified)
+            n_before = stats.get("screen_kept", 0)
+            mean_before = stats.get("screen_kept_predicted_pass", 0.0)
+            stats["screen_kept"] = n_before + len(kept_predictions)
+            stats["screen_kept_predicted_pass"] = (mean_before * n_before + sum(kept_predictions)) / stats["screen_kept"]
         return kept
 
     def screen_model(self) -> torch.nn.Module:

@@ -88,6 +88,9 @@ class SamplerConfig(BaseModel):
                         "variance (trainers/screening.py); 0 or 1 = off")
     screen_strength: float = Field(default=8.0, gt=0.0, description="a screened task's predicted pass rate "
                                    "counts as this many attempts (it replaces the family's pooled evidence)")
+    stratify: bool = Field(default=False, description="split each draw evenly across the suite's families (the "
+                           "groups), the weights choosing within each family: no family is left out of a step "
+                           "because it passes often (a family the policy has mastered still holds its ground)")
 
 
 class LearnabilitySampler:
@@ -129,14 +132,42 @@ class LearnabilitySampler:
             return np.ones(len(ids))
         return np.array([max(self.learnability(t), self.config.floor) for t in ids])
 
-    def draw(self, n: int, rng: np.random.Generator, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    def family_quotas(self, n: int, rng: np.random.Generator,
+                      exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, int]:
+        """How many of `n` tasks each family gets in a stratified draw (`stratify`): as even as
+        the families' sizes allow, the remainder to families chosen at random. A task without a
+        group is its own family."""
+        sizes: dict[str, int] = {}
+        for t in self.stats:
+            if t not in exclude:
+                family = self.groups.get(t, t)
+                sizes[family] = sizes.get(family, 0) + 1
+        quotas = dict.fromkeys(sizes, 0)
+        left = min(n, sum(sizes.values()))
+        while left > 0:
+            open_families = [f for f in sizes if quotas[f] < sizes[f]]
+            share, extra = divmod(left, len(open_families))
+            lucky = set(rng.choice(len(open_families), size=extra, replace=False).tolist()) if extra else set()
+            for i, f in enumerate(open_families):
+                add = min(share + (i in lucky), sizes[f] - quotas[f])
+                quotas[f] += add
+                left -= add
+        return {f: q for f, q in quotas.items() if q > 0}
+
+    def draw(self, n: int, rng: np.random.Generator, exclude: set[str] | frozenset[str] = frozenset(),
+             family: str | None = None) -> list[str]:
         """`n` distinct task ids (fewer only if fewer tasks exist), before any rollout; none of
-        `exclude` (tasks this step already plays)."""
+        `exclude` (tasks this step already plays); only tasks of `family` when one is named (a
+        stratified draw asks once per family, with `family_quotas`)."""
         self.draws += 1
+
+        def eligible(t: str) -> bool:
+            return t not in exclude and (family is None or self.groups.get(t, t) == family)
+
         active = [t for t, s in self.stats.items() if (s.retired is None or self.config.kind == "uniform")
-                  and t not in exclude]
+                  and eligible(t)]
         retired = [t for t, s in self.stats.items() if s.retired is not None and self.config.kind != "uniform"
-                   and t not in exclude]
+                   and eligible(t)]
         chosen: list[str] = []
         if retired and self.draws % self.config.retest_every == 0:
             chosen.append(retired[int(rng.integers(len(retired)))])  # re-test one: the policy may have moved
