@@ -196,3 +196,25 @@ def test_with_advantage_none_an_anchored_update_is_the_anchor_alone(tiny_dir, de
     assert torch.allclose(_grads(policy.model), anchor_only, atol=1e-6, rtol=1e-4)
     graded, _, _ = _learner_grads(tiny_dir, demo_batch, LearnerConfig(token_budget=600, grad_clip=1e9))
     assert graded.abs().sum() > 0  # the same batch with its advantages does carry a gradient
+
+
+def test_mini_batches_reuse_the_logprobs_from_before_any_update_whatever_the_split(tiny_dir, demo_batch):
+    """`updates_per_batch: 2`: two optimizer steps on halves of the batch, the second with the
+    PPO ratio against the log-probabilities taken before the first (they moved: the ratio is
+    not 1). The token budgets split the rows into micro-batches of different widths in the two
+    passes (at 1,600 a half's rows share a micro-batch they did not share in the first pass);
+    the update does not depend on the split (Adam's first steps move weights of near-zero
+    gradient by up to about lr, hence the tolerance)."""
+    results = []
+    for budget in (600, 1_600, 100_000):
+        policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+        learner = Learner(policy.model, LearnerConfig(lr=1e-2, updates_per_batch=2, token_budget=budget,
+                                                      grad_clip=1e9), generation_budget=BUDGET)
+        metrics = learner.rl_step(demo_batch)
+        assert metrics["ratio_max"] > 1 + 1e-3 or metrics["ratio_min"] < 1 - 1e-3
+        results.append((metrics, torch.cat([p.detach().flatten() for p in policy.model.parameters()])))
+    (first, w_first), *others = results
+    for metrics, weights in others:
+        assert metrics["ratio_max"] == pytest.approx(first["ratio_max"], rel=1e-4)
+        assert metrics["ratio_min"] == pytest.approx(first["ratio_min"], rel=1e-4)
+        assert torch.allclose(weights, w_first, atol=1e-3)

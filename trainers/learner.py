@@ -282,8 +282,8 @@ class Learner:
                 mb = select(sub, group)
                 with self._sync_scope(last=not anchored and n_group == len(groups) - 1):
                     logp, entropy = self._logprobs(mb, with_entropy=True)
-                    if old:
-                        old_logp = torch.stack([old[chunk[g]][: logp.shape[1]] for g in group]).to(logp.device)
+                    if old:  # each row's logprobs from the micro-batch it fell in then, to this one's width
+                        old_logp = torch.stack([_fit(old[chunk[g]], logp.shape[1]) for g in group]).to(logp.device)
                     else:
                         old_logp = logp.detach()
                     adv = ca.broadcast(mb.advantages, mb.mask)
@@ -397,6 +397,12 @@ def dist_world() -> int:
     """The number of data-parallel processes (1 unless torch.distributed is initialised)."""
     return torch.distributed.get_world_size() if torch.distributed.is_available() and \
         torch.distributed.is_initialized() else 1
+
+
+def _fit(row: torch.Tensor, width: int) -> torch.Tensor:
+    """A row of per-token values cut or zero-padded to `width`: a row's real tokens fit in any
+    micro-batch it joins, only padding columns differ."""
+    return row[:width] if row.shape[0] >= width else torch.nn.functional.pad(row, (0, width - row.shape[0]))
 
 
 def _split(items: list[int], parts: int) -> list[list[int]]:
