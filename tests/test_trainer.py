@@ -369,7 +369,8 @@ def test_the_sft_anchor_replays_the_sft_demonstrations_drawn_by_step(tmp_path):
 
 def test_a_stratified_screened_draw_takes_one_task_per_family(tmp_path):
     """`sampler.stratify` with `screen: 2`: the step's tasks are split across the suite's families
-    before the screen, and the screen keeps the split (it screens each family's candidates)."""
+    before the screen, and the screen keeps the split (one scoring pass over every family's
+    candidates, each family cut to its share)."""
     from toolgym.trainers.campaign import Campaign
 
     cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
@@ -379,10 +380,16 @@ def test_a_stratified_screened_draw_takes_one_task_per_family(tmp_path):
     try:
         families = {t.family for t in campaign.train_tasks["records"].values()}
         assert len(families) >= 3
-        for _ in range(3):
+        chosen = campaign.draw()
+        assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3
+        passes = []
+        score = campaign._screen.log_probabilities
+        campaign._screen.log_probabilities = lambda model, tasks, *a: passes.append(len(tasks)) or score(model, tasks, *a)
+        for _ in range(2):
             chosen = campaign.draw()
             assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3
-        assert campaign._screen_stats["screen_candidates"] == 18  # 2 per task, per family
+        assert passes == [6, 6]  # one pass a draw: 2 candidates per task, every family
+        assert campaign._screen_stats["screen_candidates"] == 18
     finally:
         campaign.close()
 

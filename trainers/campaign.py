@@ -404,7 +404,8 @@ class Campaign:
 
     def draw(self, n: int = 0, exclude: frozenset[str] = frozenset()) -> list[tuple[str, Task]]:
         """This step's tasks (`n`, default tasks_per_step): per environment by weight, each suite's
-        sampler choosing, none of `exclude`."""
+        sampler choosing (split evenly across its families with `sampler.stratify`), none of
+        `exclude`."""
         counts = allocate(n or self.config.rl.tasks_per_step, [m.weight for m in self.config.envs])
         chosen = []
         s = self.config.sampler
@@ -412,35 +413,41 @@ class Campaign:
         with self._draw_lock:
             for mix, n_env in zip(self.config.envs, counts):
                 sampler = self.samplers[mix.suite]
-                # a stratified draw screens within each family, so the screen keeps the split
                 quotas = sampler.family_quotas(n_env, self.rng, exclude) if s.stratify else {None: n_env}
-                for family, quota in quotas.items():
-                    ids = sampler.draw(quota * factor, self.rng, exclude, family)
-                    if len(ids) > quota:
-                        ids = self.screened(mix.suite, ids, quota)
-                    chosen += [(mix.suite, self.train_tasks[mix.suite][task_id]) for task_id in ids]
+                drawn = {family: sampler.draw(quota * factor, self.rng, exclude, family)
+                         for family, quota in quotas.items()}
+                if factor > 1:
+                    drawn = self.screened(mix.suite, drawn, quotas)
+                chosen += [(mix.suite, self.train_tasks[mix.suite][task_id]) for ids in drawn.values() for task_id in ids]
         return chosen
 
-    def screened(self, suite: str, candidates: list[str], n: int) -> list[str]:
-        """The `n` of `candidates` whose reference solutions, scored by the sampling policy, predict
-        the most reward variance (`sampler.screen`, trainers/screening.py); adds to the step's
-        screen metrics."""
+    def screened(self, suite: str, drawn: dict[str | None, list[str]],
+                 quotas: dict[str | None, int]) -> dict[str | None, list[str]]:
+        """Each family's candidates (`drawn`; one family, None, unless the draw is stratified) cut
+        to its quota: the ones whose reference solutions, scored by the sampling policy in one
+        pass, predict the most reward variance (`sampler.screen`, trainers/screening.py); adds to
+        the step's screen metrics."""
+        over = [task_id for family, ids in drawn.items() if len(ids) > quotas[family] for task_id in ids]
+        if not over:
+            return drawn
         start = time.perf_counter()
         if self._screen is None:
             self._screen = ReferenceScreen(self.tokenizer, self.make_env, self.config.rollout.concurrency)
             # the SFT stage already played these tasks' oracles: their demonstrations are the references
             self._screen.references.update({d.task_id: d for d in self.demos or []})
-        tasks = [self.train_tasks[suite][i] for i in candidates]
+        tasks = [self.train_tasks[suite][i] for i in over]
         logps = self._screen.log_probabilities(self.screen_model(), tasks, self.policy.pad_id,
                                                self.config.rollout.max_total_tokens)
         predicted = {i: predicted_pass_rate(lp) for i, lp in logps.items()}
-        kept = self.samplers[suite].keep_screened(candidates, n, predicted)
+        sampler = self.samplers[suite]
+        kept = {family: sampler.keep_screened(ids, quotas[family], predicted) if len(ids) > quotas[family] else ids
+                for family, ids in drawn.items()}
         stats = self._screen_stats
-        stats["screen_candidates"] = stats.get("screen_candidates", 0) + len(candidates)
+        stats["screen_candidates"] = stats.get("screen_candidates", 0) + len(over)
         stats["screen_scored"] = stats.get("screen_scored", 0) + len(predicted)
         stats["screen_seconds"] = stats.get("screen_seconds", 0.0) + time.perf_counter() - start
-        kept_predictions = [predicted[i] for i in kept if i in predicted]
-        if kept_predictions:  # the mean over every screen of the step (one per family when stratified)
+        kept_predictions = [predicted[i] for ids in kept.values() for i in ids if i in predicted]
+        if kept_predictions:  # the mean over every screen of the step (dynamic sampling screens again)
             n_before = stats.get("screen_kept", 0)
             mean_before = stats.get("screen_kept_predicted_pass", 0.0)
             stats["screen_kept"] = n_before + len(kept_predictions)
