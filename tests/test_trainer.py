@@ -384,7 +384,8 @@ def test_a_stratified_screened_draw_takes_one_task_per_family(tmp_path):
         assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3
         passes = []
         score = campaign._screen.log_probabilities
-        campaign._screen.log_probabilities = lambda model, tasks, *a: passes.append(len(tasks)) or score(model, tasks, *a)
+        campaign._screen.log_probabilities = lambda model, tasks, *a: passes.append(len(tasks)) or score(
+            model, tasks, *a)
         for _ in range(2):
             chosen = campaign.draw()
             assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3

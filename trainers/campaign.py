@@ -418,7 +418,8 @@ class Campaign:
                          for family, quota in quotas.items()}
                 if factor > 1:
                     drawn = self.screened(mix.suite, drawn, quotas)
-                chosen += [(mix.suite, self.train_tasks[mix.suite][task_id]) for ids in drawn.values() for task_id in ids]
+                suite_tasks = self.train_tasks[mix.suite]
+                chosen += [(mix.suite, suite_tasks[task_id]) for ids in drawn.values() for task_id in ids]
         return chosen
 
     def screened(self, suite: str, drawn: dict[str | None, list[str]],
@@ -448,10 +449,9 @@ class Campaign:
         stats["screen_seconds"] = stats.get("screen_seconds", 0.0) + time.perf_counter() - start
         kept_predictions = [predicted[i] for ids in kept.values() for i in ids if i in predicted]
         if kept_predictions:  # the mean over every screen of the step (dynamic sampling screens again)
-            n_before = stats.get("screen_kept", 0)
-            mean_before = stats.get("screen_kept_predicted_pass", 0.0)
-            stats["screen_kept"] = n_before + len(kept_predictions)
-            stats["screen_kept_predicted_pass"] = (mean_before * n_before + sum(kept_predictions)) / stats["screen_kept"]
+            before, mean = stats.get("screen_kept", 0), stats.get("screen_kept_predicted_pass", 0.0)
+            stats["screen_kept"] = before + len(kept_predictions)
+            stats["screen_kept_predicted_pass"] = (mean * before + sum(kept_predictions)) / stats["screen_kept"]
         return kept
 
     def screen_model(self) -> torch.nn.Module:
