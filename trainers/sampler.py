@@ -158,7 +158,8 @@ class LearnabilitySampler:
              family: str | None = None) -> list[str]:
         """`n` distinct task ids (fewer only if fewer tasks exist), before any rollout; none of
         `exclude` (tasks this step already plays); only tasks of `family` when one is named (a
-        stratified draw asks once per family, with `family_quotas`)."""
+        stratified draw asks once per family, with `family_quotas`). Each call counts as one
+        draw for `retest_every`."""
         self.draws += 1
 
         def eligible(t: str) -> bool:
