@@ -426,6 +426,7 @@ class HFPolicy:
         seeds = torch.tensor([s.seed & _MASK32 if s.seed is not None else secrets.randbits(31) for s in samplings],
                              dtype=torch.long, device=dev)
         temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32, device=dev)
+        scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
         top_k = torch.tensor([s.top_k for s in samplings], dtype=torch.long, device=dev)
         top_p = torch.tensor([s.top_p for s in samplings], dtype=torch.float32, device=dev)
         limit = torch.tensor([s.max_new_tokens for s in samplings], dtype=torch.long, device=dev)
@@ -452,7 +453,10 @@ class HFPolicy:
             tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
             active = ~finished
             tokens[live, step] = tok
-            logps[live, step] = torch.log_softmax(logits, dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
+            # the logprob under the distribution sampled from, softmax(logits / T), which the
+            # trainer recomputes (greedy rows: the model's own)
+            logps[live, step] = torch.log_softmax(logits / scale[live].unsqueeze(1), dim=-1).gather(
+                1, tok.unsqueeze(1)).squeeze(1)
             lengths[live] += active.long()
             hit_stop = active & (tok.unsqueeze(1) == stops[live]).any(dim=1)
             stopped[live] |= hit_stop

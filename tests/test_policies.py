@@ -51,6 +51,12 @@ def test_logprobs_are_the_models(tiny_policy):
     lp = torch.log_softmax(logits, -1)
     ref = [float(lp[2 + i, t]) for i, t in enumerate(gen.token_ids)]
     assert gen.logprobs == pytest.approx(ref, abs=1e-4)
+    # sampled at T = 0.5: the logprobs of the distribution sampled from, softmax(logits / 0.5)
+    hot = tiny_policy.generate_batch([[5, 6, 7]], [SamplingParams(max_new_tokens=5, seed=0, temperature=0.5)])[0]
+    with torch.no_grad():
+        logits = tiny_policy.model(torch.tensor([[5, 6, 7] + hot.token_ids])).logits[0].float()
+    lp = torch.log_softmax(logits / 0.5, -1)
+    assert hot.logprobs == pytest.approx([float(lp[2 + i, t]) for i, t in enumerate(hot.token_ids)], abs=1e-4)
 
 
 def test_concurrent_requests_are_batched(tiny_policy):

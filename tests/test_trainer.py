@@ -52,6 +52,22 @@ def test_first_step_logprobs_agree_with_the_sampler(fresh_policy):
     assert metrics["ratio_min"] == pytest.approx(1.0) and metrics["grad_norm"] > 0
 
 
+def test_tempered_rollouts_train_the_distribution_they_were_sampled_from(fresh_policy):
+    """Sampled at T = 0.6: the rollout's logprobs are those of softmax(logits / 0.6), and a learner
+    told the temperature recomputes them (ratio 1, gap ~1e-4); one that trains the untempered
+    model sees them as off-policy."""
+    agent = TokenAgent(fresh_policy, fresh_policy.tokenizer, SamplingParams(max_new_tokens=24, temperature=0.6))
+    runner = RolloutRunner(records_env, agent, group_size=2, progress=False,
+                           limits=RolloutLimits(max_turns=2, max_new_tokens_per_turn=24))
+    trajs = runner.run(builtin_suite("records").tasks[:4])
+    runner.close()
+    batch = pack(trajs, [1.0, -1.0] * 4, fresh_policy.pad_id)
+    tempered = Learner(fresh_policy.model, LearnerConfig(lr=1e-9), temperature=0.6).rl_step(batch)
+    assert tempered["logprob_gap_max"] < 1e-4 and tempered["ratio_min"] == pytest.approx(1.0)
+    untempered = Learner(fresh_policy.model, LearnerConfig(lr=1e-9)).rl_step(batch)
+    assert untempered["logprob_gap_mean"] > 100 * max(tempered["logprob_gap_mean"], 1e-6)
+
+
 def test_sft_on_oracle_demonstrations_lowers_the_loss(fresh_policy):
     tasks = builtin_suite("records").split("train").tasks[:16]
     demos = collect_demonstrations(tasks, fresh_policy.tokenizer, records_env, progress=False)
@@ -384,8 +400,8 @@ def test_a_stratified_screened_draw_takes_one_task_per_family(tmp_path):
         assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3
         passes = []
         score = campaign._screen.log_probabilities
-        campaign._screen.log_probabilities = lambda model, tasks, *a: passes.append(len(tasks)) or score(
-            model, tasks, *a)
+        campaign._screen.log_probabilities = lambda model, tasks, *a, **kw: passes.append(len(tasks)) or score(
+            model, tasks, *a, **kw)
         for _ in range(2):
             chosen = campaign.draw()
             assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3

@@ -114,9 +114,11 @@ def select(batch: TokenBatch, index: list[int]) -> TokenBatch:
 
 def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
                       with_entropy: bool = False, share_prefix: bool = True,
-                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      mask: torch.Tensor | None = None,
+                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(token t+1 | tokens <= t) for every position (B, T-1), and optionally the entropy of
-    each predictive distribution. Right padding keeps real tokens at positions 0..len-1. The
+    each predictive distribution, where p = softmax(logits / `temperature`): the distribution the
+    rollouts were sampled from (verl's actor divides its logits the same way). Right padding keeps real tokens at positions 0..len-1. The
     rows' shared prefix (system prompt, tool list, a group's task) runs once (`harness.prefix`).
     With `mask` (B, T-1), only the masked positions are computed (the LM head, softmax and
     entropy skip the prompt and observations); the others are 0."""
@@ -125,7 +127,7 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     if mask is None:
         logits = (forward_logits(model, input_ids, attention) if share_prefix
                   else model(input_ids=input_ids, attention_mask=attention).logits)[:, :-1].float()
-        logp_all = torch.log_softmax(logits, dim=-1)
+        logp_all = torch.log_softmax(_tempered(logits, temperature), dim=-1)
         logp = logp_all.gather(2, input_ids[:, 1:].unsqueeze(2)).squeeze(2)
         entropy = -(logp_all.exp() * logp_all).sum(-1).detach() if with_entropy else None
         return logp, entropy
@@ -136,7 +138,7 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
         logits = forward_logits(model, input_ids, attention, keep=keep).float()
     else:
         logits = kept_logits(model, keep, input_ids=input_ids, attention_mask=attention).float()
-    logp_all = torch.log_softmax(logits, dim=-1)
+    logp_all = torch.log_softmax(_tempered(logits, temperature), dim=-1)
     values = logp_all.gather(1, input_ids[:, 1:][picked].unsqueeze(1)).squeeze(1)
     logp = torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(picked, values)
     entropy = None
@@ -144,6 +146,11 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
         ent = -(logp_all.exp() * logp_all).sum(-1).detach()
         entropy = torch.zeros(mask.shape, dtype=ent.dtype, device=ent.device).masked_scatter(picked, ent)
     return logp, entropy
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`logits / temperature`; 1 and 0 (greedy, which has no distribution to scale) leave them."""
+    return logits if temperature in (0.0, 1.0) else logits / temperature
 
 
 __all__ = ["TokenBatch", "micro_batches", "pack", "select", "sequence_logprobs"]

@@ -143,7 +143,8 @@ class Campaign:
         # dtype, weights a step or more stale, a server or a Ray actor (tis_cap: auto corrects it)
         off_policy = self._copy is not None or r.max_staleness > 0 or bool(r.servers) or r.backend == "ray"
         self.learner = Learner(self.policy.model, config.rl.learner, off_policy=off_policy,
-                               generation_budget=min(r.max_total_tokens, r.max_turns * r.max_new_tokens))
+                               generation_budget=min(r.max_total_tokens, r.max_turns * r.max_new_tokens),
+                               temperature=r.temperature)
         self.trainer = Coordinator(self.learner)
         self.suites = {mix.suite: builtin_suite(mix.suite) for mix in [*config.envs, *config.eval.suites]}
         self.mix = {mix.suite: mix for mix in config.envs}
@@ -438,7 +439,8 @@ class Campaign:
             self._screen.references.update({d.task_id: d for d in self.demos or []})
         tasks = [self.train_tasks[suite][i] for i in over]
         logps = self._screen.log_probabilities(self.screen_model(), tasks, self.policy.pad_id,
-                                               self.config.rollout.max_total_tokens)
+                                               self.config.rollout.max_total_tokens,
+                                               temperature=self.config.rollout.temperature)
         predicted = {i: predicted_pass_rate(lp) for i, lp in logps.items()}
         sampler = self.samplers[suite]
         kept = {family: sampler.keep_screened(ids, quotas[family], predicted) if len(ids) > quotas[family] else ids

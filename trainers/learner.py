@@ -53,15 +53,18 @@ class Learner:
     """Optimizer and update steps for one model (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, config: LearnerConfig | None = None, off_policy: bool = False,
-                 generation_budget: int | None = None) -> None:
+                 generation_budget: int | None = None, temperature: float = 1.0) -> None:
         """`off_policy`: the batches are sampled by something other than this model (a copy in
         another dtype, stale weights, a server): `tis_cap: auto` corrects for it.
         `generation_budget`: policy tokens an episode may sample at most, Dr.GRPO's constant
-        normaliser when `agg_norm` is not set."""
+        normaliser when `agg_norm` is not set.
+        `temperature`: the rollouts' sampling temperature. The RL losses train the policy that
+        sampled them, softmax(logits / T), as verl does; the SFT loss and the anchor's stay at 1."""
         self.config = config or LearnerConfig()
         self.model = model
         self.off_policy = off_policy
         self.generation_budget = generation_budget
+        self.temperature = temperature
         self.loss = loss_settings(self.config)
         self.ref_model = None
         if self.config.kl_beta > 0 and self.config.lora is None:
@@ -117,9 +120,11 @@ class Learner:
     def _ref_logp(self, mb: TokenBatch) -> torch.Tensor:
         with torch.no_grad(), self._precision():
             if self.ref_model is not None:
-                return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention, mask=mb.mask)[0]
+                return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention, mask=mb.mask,
+                                         temperature=self.temperature)[0]
             with self.model.disable_adapter():  # peft: the base model is the reference
-                return sequence_logprobs(self.model, mb.input_ids, mb.attention, mask=mb.mask)[0]
+                return sequence_logprobs(self.model, mb.input_ids, mb.attention, mask=mb.mask,
+                                         temperature=self.temperature)[0]
 
     def _totals(self, *values: float, op: str = "sum") -> list[float]:
         """Batch-wide normalisers, summed (or their `op="max"`) over ranks when data-parallel."""
@@ -215,12 +220,14 @@ class Learner:
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def _logprobs(self, mb: TokenBatch, with_entropy: bool = False):
+    def _logprobs(self, mb: TokenBatch, with_entropy: bool = False, tempered: bool = True):
         # Only policy tokens are computed (the rest has no loss). DDP expects one forward per
-        # backward: the shared-prefix path (two forwards) is for one process.
+        # backward: the shared-prefix path (two forwards) is for one process. `tempered`: the
+        # sampling policy's logprobs (RL); the NLL of demonstrations is the model's own (T = 1).
         with self._precision():
             return sequence_logprobs(self.forward_model, mb.input_ids, mb.attention, with_entropy=with_entropy,
-                                     share_prefix=self.world == 1, mask=mb.mask)
+                                     share_prefix=self.world == 1, mask=mb.mask,
+                                     temperature=self.temperature if tempered else 1.0)
 
     def _reduce_stats(self, sums: dict[str, float], weights: dict[str, float]) -> None:
         if self.world == 1:
@@ -362,7 +369,7 @@ class Learner:
                 continue
             mb = select(batch, group)
             with self._sync_scope(last=n_group == len(groups) - 1):
-                logp, _ = self._logprobs(mb)
+                logp, _ = self._logprobs(mb, tempered=False)
                 self._backward(-(logp * mb.mask).sum() * (coef / max(total, 1.0)))
             nll_sum += float(-(logp.detach() * mb.mask).sum())
             correct += float(((logp.detach() > -0.6931) * mb.mask).sum())  # p > 1/2: the argmax token

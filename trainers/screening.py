@@ -5,8 +5,8 @@ In a short campaign the learnability sampler rarely sees a task twice, so its pe
 stays at the prior and only a family's pooled pass rate steers the draw: at low entropy most
 groups still come back all-pass or all-fail. One forward pass costs far less than G rollouts and
 says much more about one task: the probability the policy assigns to the task's oracle
-demonstration (its calls, rendered as the policy's own tokens) is the chance that sampling at
-temperature 1 reproduces it exactly, a lower bound on the pass rate (other answers may pass too).
+demonstration (its calls, rendered as the policy's own tokens; at the rollouts' temperature) is the
+chance that sampling reproduces it exactly, a lower bound on the pass rate (other answers may pass too).
 Measured on BFCL from one SFT checkpoint (33 train entries, 6 rollouts each): the correlation of
 that probability with the group's pass rate was 0.86, and of the candidates ranked in the top half
 by predicted p(1-p), 6% came back with zero reward variance against 76% of the bottom half.
@@ -56,9 +56,9 @@ class ReferenceScreen:
             self.references[task.id] = demo if demo is not None and demo.outcome == Outcome.PASSED else None
 
     def log_probabilities(self, model: torch.nn.Module, tasks: list[Task], pad_id: int,
-                          max_len: int | None = None) -> dict[str, float]:
-        """log p(reference | task) under `model`, summed over the reference's policy tokens, for
-        every task that has a reference (the others are left out)."""
+                          max_len: int | None = None, temperature: float = 1.0) -> dict[str, float]:
+        """log p(reference | task) under `model` sampled at `temperature`, summed over the
+        reference's policy tokens, for every task that has a reference (the others are left out)."""
         self.ensure(tasks)
         known = [t.id for t in tasks if self.references.get(t.id) is not None]
         if not known:
@@ -70,15 +70,16 @@ class ReferenceScreen:
         with torch.no_grad():
             for group in micro_batches(lengths, SCREEN_TOKEN_BUDGET):
                 mb = select(batch, group).to(device)
-                logp, _ = sequence_logprobs(model, mb.input_ids, mb.attention, share_prefix=False, mask=mb.mask)
+                logp, _ = sequence_logprobs(model, mb.input_ids, mb.attention, share_prefix=False, mask=mb.mask,
+                                              temperature=temperature)
                 sums = (logp.float() * mb.mask).sum(1).tolist()
                 out.update({known[i]: s for i, s in zip(group, sums)})
         return out
 
 
 def predicted_pass_rate(log_probability: float) -> float:
-    """The chance that sampling (temperature 1) reproduces the reference exactly: a lower bound
-    of the task's pass rate."""
+    """The chance that sampling (at the temperature `log_probability` was taken at) reproduces the
+    reference exactly: a lower bound of the task's pass rate."""
     return math.exp(min(0.0, log_probability))
 
 
