@@ -3,6 +3,7 @@
     python bench/rl_seeds.py runs/demo [--seeds 0 1 2] [--out runs/rl-seeds]
     python bench/rl_seeds.py runs/demo --samplers learnability uniform [--out runs/sampler-arms]
     python bench/rl_seeds.py runs/demo --advantages grpo none --seeds 0 [--out runs/reward-ablation]
+    python bench/rl_seeds.py runs/demo --arms rl.learner.lr=2e-5 rl.learner.lr=1e-4 rollout.temperature=0.6 --seeds 0
 
 For each seed, `toolgym train RUN/config.yaml` (the run's own recipe) starts from `RUN/sft-model`
 (the very weights the run's SFT numbers came from) with the SFT stage and the base evaluation off
@@ -23,12 +24,17 @@ A minus B, paired by seed and task, with a 95% CI.
 advantage to 0, so its RL stage trains on the SFT anchor's demonstrations alone, with the same
 steps, sampler, rollouts per step and anchor draws. The recipe's final minus the ablation's final, paired by seed and
 task, is what the reward taught beyond replaying the demonstrations.
+
+`--arms A B ...` compares any config changes the same way: each arm is a set of `field=value`
+overrides (several joined by `;`), the first arm is the reference and every other arm is compared
+with it (a learning-rate sweep, a sampling temperature).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -65,6 +71,30 @@ def train_from_sft(run: Path, seed: int, out: Path, overrides: list[str] = ()) -
         raise SystemExit(f"seed {seed}: `toolgym train` exited {code}; its messages are above (the seeds "
                          f"already finished are in {out.parent})")
     return time.perf_counter() - started
+
+
+def arm_prefix(option: str | None, kind: str | None) -> str:
+    """The folder-name prefix of an arm's runs (none for the run's own recipe)."""
+    if kind is None:
+        return ""
+    if option == "samplers":
+        return f"{kind}-"
+    if option == "advantages":
+        return f"advantage-{kind}-"
+    return "arm-" + re.sub(r"[^A-Za-z0-9.=-]+", "_", kind) + "-"
+
+
+def arm_overrides(option: str | None, kind: str | None) -> list[str]:
+    """The `--set` overrides of an arm: a sampler or an advantage, or the arm's own `field=value`s."""
+    if kind is None:
+        return []
+    if option == "arms":
+        pairs = [p.strip() for p in kind.split(";") if p.strip()]
+        bad = [p for p in pairs if "=" not in p]
+        if bad:
+            raise SystemExit(f"--arms {kind!r}: {bad[0]!r} is not field=value")
+        return pairs
+    return [f"{ARM_FIELDS[option]}={kind}"]
 
 
 def stage_numbers(run: Path, stage: str, suite: str) -> tuple[float, dict[str, float], list[Any], dict[str, int]]:
@@ -129,6 +159,9 @@ def main() -> None:
                       help="task samplers to compare (sampler.kind), each run on every seed; default: the run's own")
     arms.add_argument("--advantages", nargs="+", default=None,
                       help="advantage estimators to compare (rl.advantage; `none` is the reward ablation)")
+    arms.add_argument("--arms", nargs="+", default=None,
+                      help="config overrides to compare, one arm each (`field=value`, several joined by `;`); "
+                           "the first is the reference")
     parser.add_argument("--json", default="runs/bench/rl_seeds.json")
     args = parser.parse_args()
     from toolgym.harness.evaluate import paired_difference
@@ -140,12 +173,11 @@ def main() -> None:
     suites = [mix["suite"] for mix in config["envs"]]
     run_sft = {suite: stage_numbers(args.run, "sft", suite)[0] for suite in suites}  # the run's own SFT score
     results, finals = [], {}
-    option = next((name for name in ARM_FIELDS if getattr(args, name)), None)
+    option = next((name for name in (*ARM_FIELDS, "arms") if getattr(args, name)), None)
     chosen = getattr(args, option) if option else [None]
     for kind, seed in [(kind, seed) for kind in chosen for seed in args.seeds]:
-        prefix = "" if kind is None else f"{kind}-" if option == "samplers" else f"advantage-{kind}-"
-        out = args.out / f"{prefix}seed-{seed}"
-        seconds = train_from_sft(args.run, seed, out, [f"{ARM_FIELDS[option]}={kind}"] if kind else [])
+        out = args.out / f"{arm_prefix(option, kind)}seed-{seed}"
+        seconds = train_from_sft(args.run, seed, out, arm_overrides(option, kind))
         sampler = kind if option == "samplers" else config["sampler"]["kind"]
         arm = kind or sampler
         zero, rollouts = zero_variance_share(out)
@@ -182,15 +214,16 @@ def main() -> None:
                 print(f"{suite}, {kind}, {len(gains)} seeds of GRPO from one SFT checkpoint: final - SFT mean "
                       f"{statistics.mean(gains):+.1f} points, sd {statistics.stdev(gains):.1f}, "
                       f"min {min(gains):+.1f}, max {max(gains):+.1f}")
-        if option and len(chosen) == 2:
-            c = compare_arms(results, finals, chosen[0], chosen[1], suite)
+        for other in chosen[1:] if option and (len(chosen) == 2 or option == "arms") else []:
+            c = compare_arms(results, finals, chosen[0], other, suite)
             comparisons.append(c)
             s, g = c["zero_variance_share"], c["final_a_minus_b"]
             ratio = f"{c['ratio_b_over_a']:.2f}x" if c["ratio_b_over_a"] else "n/a"
             print(f"{suite}: rollouts in zero-variance groups {c['a']} {s[c['a']]:.0%}, {c['b']} {s[c['b']]:.0%} "
                   f"({c['b']} / {c['a']} = {ratio}); final held-out {c['a']} - {c['b']} {g['points']:+.1f} points, "
                   f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired by seed and task")
-    key = {"samplers": "sampler_comparison", "advantages": "advantage_comparison"}.get(option or "")
+    key = {"samplers": "sampler_comparison", "advantages": "advantage_comparison",
+           "arms": "arm_comparison"}.get(option or "")
     write_results(args.json, {"seeds": results, key: comparisons} if comparisons else results)
 
 
