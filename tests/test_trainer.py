@@ -204,6 +204,10 @@ def test_an_evaluation_only_suite_is_evaluated_under_its_own_budget_and_never_tr
     assert not (run / "eval" / "sft" / "bfcl").exists() and not (run / "eval" / "base" / "bfcl").exists()
     report = json.loads((run / "eval" / "final" / "bfcl" / "report.json").read_text())
     assert report["overall"]["episodes"] == 3
+    # each stage's report and trajectories name the stage: the weights differ under one model path
+    assert report["policy"].endswith("@final")
+    sft_lines = (run / "eval" / "sft" / "records" / "trajectories.jsonl").read_text().splitlines()
+    assert {json.loads(line)["policy"] for line in sft_lines} == {report["policy"].replace("@final", "@sft")}
     assert report["budget"]["max_turns"] == 1 and report["budget"]["max_total_tokens"] == 1500
     trained = json.loads((run / "eval" / "final" / "records" / "report.json").read_text())["budget"]
     assert trained["max_turns"] == 2 and trained["max_total_tokens"] == 2048  # the trained suite keeps the campaign's

@@ -622,9 +622,13 @@ class Campaign:
         for name, eval_tasks, limits in plan:
             out = self.run_dir / "eval" / label / name
             tasks = min(t for t in (eval_tasks, max_tasks) if t) if (eval_tasks or max_tasks) else 0
-            report, _ = run_eval(f"{self.policy.name}@{label}", self.suites[name], "held-out", c.eval.samples, c.eval.ks,
+            agent = self.agent(c.eval.temperature)
+            # the weights change between stages under one model path: the report and every
+            # trajectory name the stage (`toolgym compare` of two stages then tells them apart)
+            agent.name = f"{self.policy.name}@{label}"
+            report, _ = run_eval(agent.name, self.suites[name], "held-out", c.eval.samples, c.eval.ks,
                                  tasks, c.rollout.concurrency, c.seed, out, limits,
-                                 progress=self.progress, agent=self.agent(c.eval.temperature), env_factory=self.make_env)
+                                 progress=self.progress, agent=agent, env_factory=self.make_env)
             results[name] = {f"pass@{k}": report.overall.pass_at[str(k)].value for k in c.eval.ks}
             results[name]["infra_error_rate"] = report.overall.outcome_rates.get("infra_error", 0.0)
             self.console.print(f"eval {label} {name}: " + ", ".join(
