@@ -118,10 +118,10 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
                       temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(token t+1 | tokens <= t) for every position (B, T-1), and optionally the entropy of
     each predictive distribution, where p = softmax(logits / `temperature`): the distribution the
-    rollouts were sampled from (verl's actor divides its logits the same way). Right padding keeps real tokens at positions 0..len-1. The
-    rows' shared prefix (system prompt, tool list, a group's task) runs once (`harness.prefix`).
-    With `mask` (B, T-1), only the masked positions are computed (the LM head, softmax and
-    entropy skip the prompt and observations); the others are 0."""
+    rollouts were sampled from (verl's actor divides its logits the same way). Right padding keeps
+    real tokens at positions 0..len-1. The rows' shared prefix (system prompt, tool list, a group's
+    task) runs once (`harness.prefix`). With `mask` (B, T-1), only the masked positions are
+    computed (the LM head, softmax and entropy skip the prompt and observations); the others are 0."""
     if mask is not None and not bool((mask > 0).any()):
         mask = None  # nothing to pick: the plain path (keeps the graph for a zero loss)
     if mask is None:
