@@ -276,3 +276,40 @@ def test_toolgym_check_passes_on_both_bfcl_suites(env_id):
     result = run_cli("check", env_id, "--tasks", "8")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all 8 checks passed" in result.stdout.replace("\n", " ")
+
+
+def test_partial_credit_ranks_near_misses_and_leaves_bfcls_verdict_alone(suite):
+    """`rl.partial_credit`'s source: for a rejected answer, the verdict records how close it came
+    (ToolRL's right functions, parameter names and values, each value judged by BFCL's checker);
+    the pass and the reward stay BFCL's. On a parallel entry: the oracle is not given any (it
+    passes); one wrong value, a missing call and an extra call each get credit strictly between 0
+    and 1, ordered by how much is wrong; a wrong function name, no call, a malformed answer get 0."""
+    task = _entry(suite, "parallel")
+    oracle = [{c.name: dict(c.arguments)} for c in task.oracle]
+    name, args = next(iter(oracle[0].items()))
+    key = next(iter(args))
+    one_wrong = [{name: {**args, key: "certainly not this"}}] + oracle[1:]
+    two_wrong = [{name: {k: "certainly not this" for k in args}}] + oracle[1:]
+    texts = {"oracle": _text(oracle), "one value wrong": _text(one_wrong), "every value of a call wrong":
+             _text(two_wrong), "a call missing": _text(oracle[:-1]), "a call too many": _text(oracle + oracle[:1]),
+             "wrong function names": _text([{n + "_x": a} for c in oracle for n, a in c.items()]),
+             "no call": "I cannot help with that.", "malformed": "<tool_call>{\"name\": oops</tool_call>"}
+    credit = {}
+    for label, text in texts.items():
+        runner = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent(text), progress=False)
+        (traj,) = runner.run([task])
+        assert traj.reward == float(label == "oracle") and traj.outcome == (
+            Outcome.PASSED if label == "oracle" else Outcome.FAILED), label
+        credit[label] = traj.verdict.details.get("partial_credit")
+    assert credit["oracle"] is None  # a pass needs no partial credit
+    n, k = len(oracle), len(args)
+    assert credit["a call missing"] == pytest.approx((n - 1) / n)
+    assert credit["a call too many"] == pytest.approx(n / (n + 1))
+    assert credit["one value wrong"] == pytest.approx((n - 1 + k / (k + 1)) / n)
+    assert 0 < credit["every value of a call wrong"] < credit["one value wrong"] < 1
+    assert credit["wrong function names"] == credit["no call"] == credit["malformed"] == 0.0
+    irrelevant = _entry(suite, "irrelevance")
+    fn = irrelevant.hidden.scorer_args["functions"][0]["name"]
+    (called,) = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent(_text([{fn: {}}])),
+                              progress=False).run([irrelevant])
+    assert called.outcome == Outcome.FAILED and called.verdict.details["partial_credit"] == 0.0

@@ -130,6 +130,38 @@ def test_a_violating_side_effect_gets_the_configured_penalty_in_its_advantage(tm
     campaign.close()
 
 
+def test_partial_credit_orders_failures_below_every_pass_and_only_when_asked(tmp_path):
+    """`rl.partial_credit: w`: a failure trains with w times its verdict's partial credit (the
+    closer failure gets the larger advantage), a pass with 1, a failure without partial credit
+    with 0; at w = 0 (the default) every failure is 0 again. Grading is untouched: the
+    trajectories' own rewards stay 0 and 1."""
+    from toolgym.trainers.core_algos import grpo_advantages
+    from toolgym.verifiers import Verdict
+
+    def graded(reward, credit=None):
+        details = {} if credit is None else {"partial_credit": credit}
+        outcome = Outcome.PASSED if reward == 1.0 else Outcome.FAILED
+        traj = _traj("g", reward, outcome=outcome)
+        traj.verdict = Verdict(reward=reward, passed=reward == 1.0, outcome=outcome, details=details)
+        return traj
+
+    group = [graded(1.0), graded(0.0, 0.9), graded(0.0, 0.3), graded(0.0)]
+    rewards = {}
+    for weight in (0.5, 0.0):
+        cfg = load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {
+            **_small_config(tmp_path)["rl"], "partial_credit": weight}})))
+        campaign = Campaign(cfg, progress=False)
+        rewards[weight] = [campaign.trained_reward(t) for t in group]
+        campaign.close()
+    assert rewards[0.5] == pytest.approx([1.0, 0.45, 0.15, 0.0])
+    assert rewards[0.0] == [1.0, 0.0, 0.0, 0.0]
+    adv = grpo_advantages(torch.tensor(rewards[0.5]), torch.zeros(4, dtype=torch.long))
+    assert adv[0] > adv[1] > adv[2] > adv[3]
+    assert [t.reward for t in group] == [1.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ConfigError, match="partial_credit"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {"partial_credit": 1.0}})))
+
+
 def _small_config(tmp_path, extra=None):
     base = {
         "name": "test", "seed": 3, "out_dir": str(tmp_path / "run"),

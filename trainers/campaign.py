@@ -595,7 +595,12 @@ class Campaign:
         return metrics
 
     def shaped_reward(self, traj: Trajectory) -> float:
-        """The verifier's reward less the safety policy's penalties for the episode's side effects."""
+        """The verifier's reward (a failure: `rl.partial_credit` times its partial credit, where
+        the verifier gives one) less the safety policy's penalties for the episode's side effects."""
+        reward = traj.reward
+        weight = self.config.rl.partial_credit
+        if weight > 0 and traj.outcome == Outcome.FAILED and traj.verdict is not None:
+            reward = max(reward, weight * float(traj.verdict.details.get("partial_credit", 0.0)))
         policy = self.safety.get(traj.env_id, SafetyPolicy())
         events = []
         for e in traj.side_effects:
@@ -603,7 +608,7 @@ class Campaign:
                 events.append(SideEffect.model_validate(e))
             except ValueError:
                 continue
-        return policy.penalize(traj.reward, events)
+        return policy.penalize(reward, events)
 
     # ---- evaluation, checkpoints ------------------------------------------------------------------
 

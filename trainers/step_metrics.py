@@ -20,6 +20,9 @@ def rollout_metrics(trajs: list[Trajectory], rewards: list[float], seconds: floa
     policy_tokens = [sum(t.loss_mask) for t in trajs]
     effects = Counter(e.get("kind", "?") for t in trajs for e in t.side_effects)
     verify_s = sum(t.verdict.duration_s for t in trajs if t.verdict is not None)
+    # how close the failures came, where the verifier says (`rl.partial_credit` may train on it)
+    credits = [float(t.verdict.details["partial_credit"]) for t in trajs
+               if t.verdict is not None and "partial_credit" in t.verdict.details]
     return {
         "reward_mean": float(r.mean()) if r.size else 0.0, "reward_std": float(r.std()) if r.size else 0.0,
         "pass_rate": sum(trajs[i].outcome == Outcome.PASSED for i in graded) / max(1, len(graded)),
@@ -37,6 +40,7 @@ def rollout_metrics(trajs: list[Trajectory], rewards: list[float], seconds: floa
         "episodes_with_side_effects": sum(bool(t.side_effects) for t in trajs) / n,
         "rollout_tokens_per_s": sum(policy_tokens) / max(seconds, 1e-9),
         "time_verify_s": verify_s,
+        **({"failed_partial_credit_mean": float(np.mean(credits))} if credits else {}),
     }
 
 

@@ -17,11 +17,21 @@ from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 #: A scorer: (task, submitted answer) -> score in [0, 1].
 Scorer = Callable[[Task, str], float]
 _SCORERS: dict[str, Scorer] = {}
+#: Partial credit for an answer its scorer rejected, by scorer name: (task, answer) -> [0, 1].
+_PARTIAL_CREDIT: dict[str, Scorer] = {}
 
 
 def register_scorer(name: str, fn: Scorer) -> Scorer:
     """Register `fn` under `name` (tasks refer to it by `HiddenSpec.scorer`)."""
     _SCORERS[name] = fn
+    return fn
+
+
+def register_partial_credit(name: str, fn: Scorer) -> Scorer:
+    """Register `fn` as the partial credit of scorer `name`: for an answer the scorer does not
+    pass, how close it came, in [0, 1]. The verdict records it (`details["partial_credit"]`);
+    it never changes the reward, the pass or pass@k (training may use it: `rl.partial_credit`)."""
+    _PARTIAL_CREDIT[name] = fn
     return fn
 
 
@@ -54,9 +64,22 @@ class ScoreVerifier:
         if not 0.0 <= score <= 1.0:
             raise VerifierError(f"scorer {hidden.scorer!r} returned {score}, outside [0, 1]")
         ok = score >= 1.0
+        details = {}
+        if not ok and hidden.scorer in _PARTIAL_CREDIT:
+            details["partial_credit"] = _partial_credit(hidden.scorer, task, final_state.answer)
         return Verdict(reward=score, passed=ok, outcome=Outcome.PASSED if ok else Outcome.FAILED,
                        tests=[TestResult(name=hidden.scorer, passed=ok, message=f"score {score:g}")],
-                       reason=f"score {score:g}", duration_s=time.perf_counter() - start)
+                       reason=f"score {score:g}", details=details, duration_s=time.perf_counter() - start)
+
+
+def _partial_credit(name: str, task: Task, answer: str) -> float:
+    try:
+        credit = float(_PARTIAL_CREDIT[name](task, answer))
+    except Exception as err:  # like the scorer's: our failure, never the agent's
+        raise VerifierError(f"partial credit of {name!r} failed: {type(err).__name__}: {err}") from err
+    if not 0.0 <= credit <= 1.0:
+        raise VerifierError(f"partial credit of {name!r} returned {credit}, outside [0, 1]")
+    return credit
 
 
 def _reasoning_gym_score(task: Task, answer: str) -> float:
@@ -72,4 +95,4 @@ def _reasoning_gym_score(task: Task, answer: str) -> float:
 
 register_scorer("reasoning-gym", _reasoning_gym_score)
 
-__all__ = ["ScoreVerifier", "Scorer", "register_scorer", "scorer"]
+__all__ = ["ScoreVerifier", "Scorer", "register_partial_credit", "register_scorer", "scorer"]
