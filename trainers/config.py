@@ -86,10 +86,11 @@ class RLSettings(_Strict):
                                   "leave fewer than tasks_per_step informative groups, draw and play more tasks, at "
                                   "most this many extra rounds per step (0 = off); at most tasks_per_step groups train")
     partial_credit: float = Field(default=0.0, ge=0, lt=1, description="a failed episode trains with this times "
-                                  "its verifier's partial credit (`details.partial_credit`, in [0, 1]: BFCL's is "
-                                  "ToolRL's right functions, parameter names and values) instead of 0, so that of "
-                                  "two failures the closer one is preferred; below 1, so no failure matches a pass. "
-                                  "Grading, pass@k and the sampler's pass rates never use it; 0 = off")
+                                  "its verifier's partial credit (`details.partial_credit`, in [0, 1]; BFCL's "
+                                  "follows ToolRL: right functions, parameter names and values) instead of 0, so "
+                                  "that of two failures the closer one is preferred; below 1, so no failure "
+                                  "matches a pass. Grading, pass@k and the sampler's pass rates never use it; "
+                                  "0 = off")
     overlong: str = Field(default="drop", pattern="^(drop|penalize|keep)$", description="episodes cut by their turn "
                           "or token limit (outcome truncated): drop = out of the gradient (DAPO's overlong "
                           "filtering), penalize = DAPO's soft overlong punishment on the reward, keep = as graded")

@@ -65,8 +65,8 @@ def call_credit(function: dict, name: str, arguments: dict, expected: dict) -> f
 
 
 def partial_credit(task: Task, answer: str) -> float:
-    """Fine-grained credit in [0, 1] for a single-turn answer BFCL's checker rejected (ToolRL's
-    reward: right functions, right parameter names, right values): each expected call is matched
+    """Fine-grained credit in [0, 1] for a single-turn answer BFCL's checker rejected (after
+    ToolRL's reward: right functions, parameter names and values): each expected call is matched
     with the unmatched submitted call to the same function that `call_credit` rates highest, and
     the sum is divided by the larger of the expected and submitted counts (a missing or an extra
     call costs its share). Irrelevance entries and undecodable or malformed answers get 0: there,
