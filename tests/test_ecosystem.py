@@ -340,6 +340,33 @@ def test_score_verifier_grades_with_the_scorer_and_owns_its_failures():
         v.verify(unknown, FinalState(answer="1"))
 
 
+def test_partial_credit_is_recorded_for_rejected_answers_and_its_failure_never_changes_the_grade():
+    """A scorer's partial credit goes into a rejected answer's verdict details; a pass gets none;
+    a partial-credit function that raises or leaves [0, 1] leaves the scorer's verdict as it is
+    (failed, reward 0) and says why the credit is missing."""
+    from toolgym.verifiers.score import register_partial_credit
+
+    register_scorer("test-exact", lambda task, answer: float(answer == task.hidden.answer))
+    credits = {"0.25": 0.25, "raise": None, "2": 2.0}
+
+    def credit(task, answer):
+        if credits[answer] is None:
+            raise RuntimeError("credit bug")
+        return credits[answer]
+
+    register_partial_credit("test-exact", credit)
+    task = Task(env_id="toolgym/rg-chain_sum-v0", instruction="x", family="t",
+                hidden=HiddenSpec(kind="score", answer="1", scorer="test-exact"))
+    v = ScoreVerifier()
+    assert v.verify(task, FinalState(answer="1")).details == {}
+    near = v.verify(task, FinalState(answer="0.25"))
+    assert (near.outcome, near.reward, near.details) == (Outcome.FAILED, 0.0, {"partial_credit": 0.25})
+    for answer, why in (("raise", "credit bug"), ("2", "outside")):
+        verdict = v.verify(task, FinalState(answer=answer))
+        assert (verdict.outcome, verdict.reward) == (Outcome.FAILED, 0.0)
+        assert "partial_credit" not in verdict.details and why in verdict.details["partial_credit_error"]
+
+
 def test_new_hidden_fields_leave_existing_task_ids_alone():
     import hashlib
 

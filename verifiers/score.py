@@ -8,7 +8,7 @@ spec names the scorer (`kind="score"`, `scorer=...`) and carries what it needs (
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from toolgym.tasks import Task
 from toolgym.verifiers.verdict import VerifierError
@@ -29,8 +29,9 @@ def register_scorer(name: str, fn: Scorer) -> Scorer:
 
 def register_partial_credit(name: str, fn: Scorer) -> Scorer:
     """Register `fn` as the partial credit of scorer `name`: for an answer the scorer does not
-    pass, how close it came, in [0, 1]. The verdict records it (`details["partial_credit"]`);
-    it never changes the reward, the pass or pass@k (training may use it: `rl.partial_credit`)."""
+    pass, how close it came, in [0, 1]. The verdict records it (`details["partial_credit"]`, or
+    `details["partial_credit_error"]` when `fn` fails); it never changes the reward, the pass or
+    pass@k (training may use it: `rl.partial_credit`)."""
     _PARTIAL_CREDIT[name] = fn
     return fn
 
@@ -64,22 +65,24 @@ class ScoreVerifier:
         if not 0.0 <= score <= 1.0:
             raise VerifierError(f"scorer {hidden.scorer!r} returned {score}, outside [0, 1]")
         ok = score >= 1.0
-        details = {}
-        if not ok and hidden.scorer in _PARTIAL_CREDIT:
-            details["partial_credit"] = _partial_credit(hidden.scorer, task, final_state.answer)
+        details = {} if ok or hidden.scorer not in _PARTIAL_CREDIT else \
+            _partial_credit(hidden.scorer, task, final_state.answer)
         return Verdict(reward=score, passed=ok, outcome=Outcome.PASSED if ok else Outcome.FAILED,
                        tests=[TestResult(name=hidden.scorer, passed=ok, message=f"score {score:g}")],
                        reason=f"score {score:g}", details=details, duration_s=time.perf_counter() - start)
 
 
-def _partial_credit(name: str, task: Task, answer: str) -> float:
+def _partial_credit(name: str, task: Task, answer: str) -> dict[str, Any]:
+    """The verdict's details for a rejected answer: its partial credit, or why there is none. The
+    verdict is the scorer's and stands either way: a partial-credit function that fails (on any
+    answer the agent could craft) costs the episode only the credit, never its grade."""
     try:
         credit = float(_PARTIAL_CREDIT[name](task, answer))
-    except Exception as err:  # like the scorer's: our failure, never the agent's
-        raise VerifierError(f"partial credit of {name!r} failed: {type(err).__name__}: {err}") from err
+    except Exception as err:
+        return {"partial_credit_error": f"{type(err).__name__}: {err}"}
     if not 0.0 <= credit <= 1.0:
-        raise VerifierError(f"partial credit of {name!r} returned {credit}, outside [0, 1]")
-    return credit
+        return {"partial_credit_error": f"{credit} is outside [0, 1]"}
+    return {"partial_credit": credit}
 
 
 def _reasoning_gym_score(task: Task, answer: str) -> float:
