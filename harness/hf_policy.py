@@ -167,6 +167,10 @@ class HFPolicy:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self.batch_sizes: list[int] = []  # observed batch sizes, for benchmarks and tests
+        #: What the batch generating now has done, for progress lines: (rows, tokens decoded so
+        #: far, at most); 0 tokens while it prefills; None between batches. A big batch's first
+        #: episodes end minutes in, so "0 done" alone would look stuck.
+        self.activity: tuple[int, int, int] | None = None
 
     # ---- async, batched --------------------------------------------------------------------------
 
@@ -408,7 +412,10 @@ class HFPolicy:
             if fingerprint != self._fingerprint:  # new weights: every cached key and value is stale
                 self.kv.clear()
                 self._fingerprint = fingerprint
-            generations = self._generate_batch(prompts, samplings, episodes or [None] * len(prompts))
+            try:
+                generations = self._generate_batch(prompts, samplings, episodes or [None] * len(prompts))
+            finally:
+                self.activity = None
             for g in generations:
                 g.weight_version = self.version
         return generations
@@ -440,6 +447,7 @@ class HFPolicy:
         lengths = torch.zeros(n, dtype=torch.long, device=dev)
         stopped = torch.zeros(n, dtype=torch.bool, device=dev)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
+        self.activity = (n, 0, max_new)
         pre = self._prefill(prompts, episodes, max_new)
         out, pos = pre.out, pre.positions
         # the batch's rows still decoding, as original row numbers (row b of the cache is live[b])
@@ -447,6 +455,7 @@ class HFPolicy:
         # asking "all done?" syncs with the device: on CPU it is free, on an accelerator batch it
         sync_every = 1 if torch.device(dev).type == "cpu" else SYNC_EVERY
         for step in range(max_new):
+            self.activity = (n, step + 1, max_new)
             logits = out.logits[:, -1, :].float()
             tok = sample_tokens(logits, temperature[live], top_k[live], top_p[live], seeds[live], step)
             finished = done[live]

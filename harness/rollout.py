@@ -226,6 +226,17 @@ class RolloutRunner:
         """Return an environment to its pool."""
         self._pools.setdefault(env_id if self._by_env_id else "", []).append(env)
 
+    def _generating(self) -> str:
+        """What the agent's local policy is generating now, for a progress line ("" when it says
+        nothing: a remote policy, a scripted agent, or between batches)."""
+        activity = getattr(getattr(self.agent, "policy", None), "activity", None)
+        if not activity:
+            return ""
+        rows, tokens, most = activity
+        if tokens == 0:
+            return f" (prefilling a batch of {rows})"
+        return f" (a batch of {rows} at token {tokens} of at most {most})"
+
     async def amap(self, jobs: list[tuple], play: Callable[..., Any], label: str = "episodes") -> list[Any]:
         """`await play(env, *job)` for every job (a tuple whose first item is the Task),
         `concurrency` at a time, each on a pooled env of the task's env id; results in job
@@ -244,7 +255,8 @@ class RolloutRunner:
 
             def say() -> None:
                 last[0] = now = time.perf_counter()
-                print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s", flush=True)
+                print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s"
+                      f"{self._generating()}", flush=True)
 
             async def one(i: int, job: tuple) -> None:
                 env_id = job[0].env_id

@@ -54,6 +54,30 @@ def test_progress_off_a_terminal_says_it_is_alive_before_any_episode_ends(capsys
     assert any(line.startswith("rollouts: 2/2 done, 2 passed") for line in lines)
 
 
+def test_progress_lines_say_how_far_the_policys_batch_has_decoded(capsys, monkeypatch, tiny_policy):
+    """While a batch decodes (no episode done yet), each heartbeat line says how many tokens in it
+    is, read from the real policy; between batches the policy reports nothing."""
+    import re
+    import time as clock
+
+    from toolgym.harness import rollout
+
+    monkeypatch.setattr(rollout, "PLAIN_PROGRESS_S", 0.1)
+    slow = tiny_policy.model.register_forward_pre_hook(lambda module, args: clock.sleep(0.04))
+    try:
+        runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, TokenAgent(tiny_policy, tiny_policy.tokenizer),
+                               progress=True, limits=toolgym.harness.RolloutLimits(max_turns=1, max_new_tokens_per_turn=24))
+        runner.run(builtin_suite("records").tasks[:2], seed=3)
+    finally:
+        slow.remove()
+    lines = capsys.readouterr().out.splitlines()
+    decoding = [int(m.group(1)) for line in lines
+                if (m := re.match(r"rollouts: 0/2 done, 0 passed, \d+ s \(a batch of 2 at token (\d+) of at most 24\)$", line))]
+    assert len(decoding) >= 2 and decoding == sorted(decoding) and 1 <= decoding[0] and decoding[-1] <= 24, lines
+    assert any(line.startswith("rollouts: 2/2 done") and "batch" not in line for line in lines), lines
+    assert tiny_policy.activity is None
+
+
 def test_oracle_eval_and_ci():
     tasks = builtin_suite("records").split("held-out").tasks[:12]
     trajs = _runner(OracleAgent(), group_size=2).run(tasks)
