@@ -309,6 +309,9 @@ def test_sigkill_mid_step_then_resume_continues_exactly(tmp_path):
     out = run_cli("train", str(_write(tmp_path, data2)), timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     straight = _steps(Path(data2["out_dir"]))
+    said = [line for line in out.stdout.splitlines() if line.startswith("RL step ")]
+    assert [line.split(":")[0] for line in said] == [f"RL step {i}/4" for i in range(1, 5)], out.stdout[-3000:]
+    assert all(f"reward {r['reward_mean']:.3f} over {r['episodes']} episodes" in line for r, line in zip(straight, said))
     assert [r["tasks"] for r in straight[: done + 1]] == [r["tasks"] for r in resumed[: done + 1]]
     for name in ("report.md", "plots/reward.png", "final-model/config.json", "sft-model/config.json", "tensorboard",
                  "eval/sft", "eval/final"):

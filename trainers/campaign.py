@@ -314,7 +314,9 @@ class Campaign:
                     waited = time.perf_counter()
                     batch = pipeline.get(self.step) if pipeline else self.collect(self.step)
                     batch.extra["time_wait_s"] = time.perf_counter() - waited
-                    self.metrics.log(self.step, self.learn(batch))
+                    learned = self.learn(batch)
+                    self.metrics.log(self.step, learned)
+                    self.say_step(learned)
                     if pipeline:
                         pipeline.trained(self.step)
                     if c.eval.every and self.step % c.eval.every == 0 and self.step < c.rl.steps:
@@ -333,6 +335,19 @@ class Campaign:
         from toolgym.trainers.report import write_report
 
         return write_report(self.run_dir)
+
+    def say_step(self, m: dict[str, Any]) -> None:
+        """One line per RL step (terminal or log): what it sampled, what trained, where the time
+        went. Rollouts show their own progress; without this line a log shows no step count."""
+        if not self.progress:
+            return
+        groups = f"{m.get('trained_groups', 0)} of {m.get('groups_groups', 0)} groups trained"
+        loss = f", loss {m['loss']:.3f}" if isinstance(m.get("loss"), float) else ""
+        self.console.print(
+            f"RL step {self.step}/{self.config.rl.steps}: reward {m.get('reward_mean', float('nan')):.3f} "
+            f"over {m.get('episodes', 0)} episodes, {groups}{loss}, {m.get('time_step_s', 0.0):.0f} s "
+            f"(rollouts {m.get('time_rollout_s', 0.0):.0f} s, update {m.get('time_train_s', 0.0):.0f} s)",
+            soft_wrap=True)
 
     def _record_precision(self) -> None:
         """Say which precision `auto` chose and why, on the screen and in `OUT/hardware.json`."""
