@@ -7,6 +7,10 @@
    vs the same episodes one at a time. Target: >= 3x.
 3. Our HF policy's batched sampling loop vs transformers' own `generate` on the same model,
    batch and lengths (sampling, no early stop). Target: >= 1x at batch 128.
+4. More episodes at once than a batch holds (an evaluation of 314 BFCL entries, 128 at a time,
+   where an fp32 KV cache of 2 GB holds 94 rows): batches refilled with the episodes that start
+   as answered ones end (`HFPolicy.refill_batches`) against a batch of the leftovers alone,
+   interleaved: batches run, wall time, their ratio.
 
     python bench/harness.py [--out runs/bench/harness.json] [--device cuda --dtype bf16 --model DIR]
 """
@@ -70,6 +74,36 @@ def bench_batching(episodes: int = 32, max_new: int = 32, turns: int = 2) -> dic
     return out
 
 
+def bench_refill(policy: HFPolicy, episodes: int = 120, concurrency: int = 48, rows: int = 32,
+                 max_new: int = 32, repeats: int = 2) -> dict:
+    """Single-turn episodes, `concurrency` at a time, at most `rows` a batch: each arm's batches
+    and seconds (best of `repeats`, arms interleaved)."""
+    agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=max_new, temperature=1.0))
+    tasks = builtin_suite("records").tasks[:episodes]
+    limits = RolloutLimits(max_turns=1, max_new_tokens_per_turn=max_new)
+    saved = policy.max_batch, policy.refill_batches
+    out: dict = {"episodes": episodes, "concurrency": concurrency, "rows_per_batch": rows, "max_new": max_new}
+    try:
+        policy.max_batch = rows
+        for _ in range(repeats):
+            for label, refill in (("leftovers_alone", False), ("refilled", True)):
+                policy.refill_batches = refill
+                policy.batch_sizes.clear()
+                runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, concurrency=concurrency,
+                                       progress=False, limits=limits)
+                start = time.perf_counter()
+                runner.run(tasks, seed=0)
+                elapsed = time.perf_counter() - start
+                best = out.get(label)
+                if best is None or elapsed < best["seconds"]:
+                    out[label] = {"seconds": elapsed, "batches": len(policy.batch_sizes),
+                                  "batch_sizes": list(policy.batch_sizes)}
+    finally:
+        policy.max_batch, policy.refill_batches = saved
+    out["time_ratio"] = out["leftovers_alone"]["seconds"] / out["refilled"]["seconds"]
+    return out
+
+
 def bench_vs_generate(policy: HFPolicy, batch: int = 128, prompt_len: int = 64, new_tokens: int = 32,
                       repeats: int = 3) -> dict:
     """tok/s of `policy.generate_batch` and of `model.generate` on identical prompts and lengths."""
@@ -121,9 +155,19 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--only-generate", action="store_true", help="run only the comparison with generate")
+    parser.add_argument("--only-refill", action="store_true", help="run only the refilled-batches comparison")
     args = parser.parse_args()
     policy = HFPolicy(args.model or str(build_tiny_policy()), device=args.device, dtype=args.dtype)
     results = {}
+    refill = bench_refill(policy)
+    a, b = refill["leftovers_alone"], refill["refilled"]
+    print(f"{refill['episodes']} episodes, {refill['concurrency']} at a time, {refill['rows_per_batch']} rows a batch: "
+          f"leftovers alone {a['batches']} batches {a['seconds']:.1f} s; refilled {b['batches']} batches "
+          f"{b['seconds']:.1f} s; time ratio {refill['time_ratio']:.2f}x")
+    results["refill"] = refill
+    if args.only_refill:
+        write_results(args.out, results)
+        return
     for batch in (1, 32, 128):
         r = bench_vs_generate(policy, batch=batch)
         results[f"vs_generate_{batch}"] = r

