@@ -56,15 +56,22 @@ def test_changed_weights_are_never_served_from_the_cache(tiny_dir):
         assert fresh.generate_batch([prompt + [7]], [sampling])[0].token_ids == got.token_ids
 
 
-def test_episodes_are_freed_when_they_end_and_turns_are_batched_together(tiny_dir):
-    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
-    agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=12, temperature=1.0))
-    runner = RolloutRunner(lambda env_id: toolgym.make(env_id).unwrapped, agent, group_size=3, concurrency=6,
-                           limits=RolloutLimits(max_turns=3, max_new_tokens_per_turn=12), progress=False)
+def _play_tiny(tiny_dir, tasks: int, seed: int, max_turns: int, max_new: int, concurrency: int,
+               group_size: int = 1, max_batch: int = 128):
+    """`tasks` records train tasks played by the tiny policy through the rollout runner: (policy, trajectories)."""
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32", max_batch=max_batch)
+    agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=max_new, temperature=1.0))
+    runner = RolloutRunner(lambda env_id: toolgym.make(env_id).unwrapped, agent, group_size=group_size,
+                           concurrency=concurrency, progress=False,
+                           limits=RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new))
     try:
-        trajs = runner.run(builtin_suite("records").split("train").tasks[:2], seed=4)
+        return policy, runner.run(builtin_suite("records").split("train").tasks[:tasks], seed=seed)
     finally:
         runner.close()
+
+
+def test_episodes_are_freed_when_they_end_and_turns_are_batched_together(tiny_dir):
+    policy, trajs = _play_tiny(tiny_dir, tasks=2, seed=4, max_turns=3, max_new=12, concurrency=6, group_size=3)
     assert len(trajs) == 6 and all(t.has_tokens for t in trajs)
     assert policy.kv.reused_tokens > 0
     assert len(policy.kv) == 0 and policy.kv.nbytes == 0 and not policy._live  # every episode released
@@ -77,14 +84,7 @@ def test_episodes_that_start_as_others_end_join_the_next_batch_not_a_batch_of_le
     for the episodes that start in the answered ones' place, so every batch but the last is full
     (20 episodes, 8 at a time, 6 rows a batch: 6, 6, 6, 2; a batch of the 2 leftovers after each
     full one made 5 batches)."""
-    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32", max_batch=6)
-    agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=4, temperature=1.0))
-    runner = RolloutRunner(lambda env_id: toolgym.make(env_id).unwrapped, agent, concurrency=8,
-                           limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=4), progress=False)
-    try:
-        trajs = runner.run(builtin_suite("records").split("train").tasks[:20], seed=2)
-    finally:
-        runner.close()
+    policy, trajs = _play_tiny(tiny_dir, tasks=20, seed=2, max_turns=1, max_new=4, concurrency=8, max_batch=6)
     assert len(trajs) == 20 and all(t.has_tokens for t in trajs)
     assert policy.batch_sizes == [6, 6, 6, 2] and not policy._live
 
