@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Protocol
 
@@ -75,14 +76,28 @@ class OpenAIAgent:
     history is sent back in the API's format (assistant `tool_calls`, `tool` messages with ids).
     """
 
+    #: HTTP statuses worth asking again (the OpenAI SDK's list): a timeout the server reports, a
+    #: conflict, a rate limit, and the server's own failures. Any other 4xx is the request's fault.
+    RETRY_STATUSES = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+    #: The longest a server's `Retry-After` may make one request wait, in seconds.
+    MAX_RETRY_WAIT_S = 60.0
+
     def __init__(self, base_url: str, model: str = "default", api_key: str | None = None,
-                 temperature: float = 0.0, max_tokens: int = 512, timeout_s: float = 120.0) -> None:
+                 temperature: float = 0.0, max_tokens: int = 512, timeout_s: float = 120.0,
+                 retries: int = 2, backoff_s: float = 0.5) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.name = f"openai:{self.base_url}#{model}"
         self.temperature, self.max_tokens = temperature, max_tokens
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s = timeout_s
+        #: A rate limit (429), an overloaded server (5xx) or a refused connection is asked again
+        #: up to `retries` times, waiting as the server's `Retry-After` says or `backoff_s`
+        #: doubling; only then is the turn a `PolicyError` (the episode `infra_error`, never the
+        #: agent's failure). A hosted API under a campaign's concurrency rate-limits routinely.
+        self.retries, self.backoff_s = retries, backoff_s
+        #: Requests sent and not yet answered (the rollout runner's progress line shows it).
+        self.in_flight = 0
 
     def _api_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Our chat (assistant text with `<tool_call>` blocks) -> the API's message format."""
@@ -114,13 +129,7 @@ class OpenAIAgent:
         """One chat completion, rendered back as text with `<tool_call>` blocks."""
         body = {"model": self.model, "messages": self._api_messages(messages), "tools": tools,
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
-        try:
-            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-                resp = await client.post(f"{self.base_url}/chat/completions", json=body, headers=self.headers)
-        except httpx.TransportError as err:
-            raise PolicyError(f"{self.base_url}: {type(err).__name__}: {err}") from None
-        if resp.status_code != 200:
-            raise PolicyError(f"{self.base_url}/chat/completions: HTTP {resp.status_code}: {resp.text[:200]}")
+        resp = await self._post(f"{self.base_url}/chat/completions", body)
         try:
             message = resp.json()["choices"][0]["message"]
         except (KeyError, IndexError, ValueError) as err:
@@ -135,3 +144,43 @@ class OpenAIAgent:
                 args_obj = args  # leave it malformed: the environment reports it as a parse error
             parts.append("<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args_obj}) + "\n</tool_call>")
         return "\n".join(p for p in parts if p)
+
+    async def _post(self, url: str, body: dict[str, Any]) -> httpx.Response:
+        """POST `body`, asking again on a refused connection or a `RETRY_STATUSES` answer; the
+        200 response, or `PolicyError` naming the last failure."""
+        last = ""
+        for attempt in range(self.retries + 1):
+            wait = self.backoff_s * (2 ** attempt)
+            self.in_flight += 1
+            try:
+                async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                    resp = await client.post(url, json=body, headers=self.headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as err:  # nothing was sent: safe to repeat
+                last = f"{self.base_url}: {type(err).__name__}: {err}"
+            except httpx.TransportError as err:  # lost mid-request (or timed out): the turn is gone
+                raise PolicyError(f"{self.base_url}: {type(err).__name__}: {err}") from None
+            else:
+                if resp.status_code == 200:
+                    return resp
+                last = f"{url}: HTTP {resp.status_code}: {resp.text[:200]}"
+                if resp.status_code not in self.RETRY_STATUSES:
+                    raise PolicyError(last)
+                wait = retry_after_s(resp.headers, default=wait, most=self.MAX_RETRY_WAIT_S)
+            finally:
+                self.in_flight -= 1
+            if attempt < self.retries:
+                await asyncio.sleep(wait)
+        raise PolicyError(f"failed after {self.retries + 1} attempts: {last}")
+
+
+def retry_after_s(headers: httpx.Headers, default: float, most: float) -> float:
+    """How long a server asked a client to wait (`retry-after-ms`, or `Retry-After` in seconds),
+    at most `most`; `default` when it did not say (an HTTP date counts as not saying)."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            value = float(headers.get(name, "")) * scale
+        except ValueError:
+            continue
+        if value >= 0:
+            return min(value, most)
+    return default

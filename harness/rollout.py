@@ -227,9 +227,14 @@ class RolloutRunner:
         self._pools.setdefault(env_id if self._by_env_id else "", []).append(env)
 
     def _generating(self) -> str:
-        """What the agent's local policy is generating now, for a progress line ("" when it says
-        nothing: a remote policy, a scripted agent, or between batches)."""
-        activity = getattr(getattr(self.agent, "policy", None), "activity", None)
+        """What the agent's policy is generating now, for a progress line: a local policy's batch,
+        or a remote one's requests awaiting an answer ("" when it says nothing: a scripted agent,
+        or nothing in flight)."""
+        source = getattr(self.agent, "policy", None) or self.agent
+        in_flight = getattr(source, "in_flight", 0)
+        if in_flight:
+            return f" ({in_flight} request{'s' if in_flight != 1 else ''} awaiting the server)"
+        activity = getattr(source, "activity", None)
         if not activity:
             return ""
         rows, tokens, most = activity

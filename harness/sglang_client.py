@@ -165,6 +165,11 @@ class SGLangPolicy:
         return Generation(token_ids=token_ids, logprobs=logprobs, weight_version=version,
                           finish_reason=reason if reason in ("stop", "length", "abort") else "stop")
 
+    @property
+    def in_flight(self) -> int:
+        """Requests sent to the servers and not yet answered (the rollout runner's progress line)."""
+        return sum(self._inflight)
+
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         """One completion from the episode's server (see the module docstring for failures)."""
         body = self.request_body(prompt_ids, sampling)

@@ -209,6 +209,99 @@ def test_openai_agent_unreachable_is_policy_error():
         asyncio.run(agent.respond([{"role": "user", "content": "x"}], [], builtin_suite("records").tasks[0]))
 
 
+class _ScriptedServer:
+    """A local endpoint that answers the n-th POST with the n-th scripted (status, headers) reply
+    (the last one repeats); a 200 carries a plain chat completion. `delay_s` holds every answer."""
+
+    def __init__(self, replies, delay_s: float = 0.0):
+        self.times = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                import time
+
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.times.append(time.monotonic())
+                time.sleep(delay_s)
+                status, headers = replies[min(len(outer.times), len(replies)) - 1]
+                msg = {"role": "assistant", "content": "done"}
+                data = json.dumps({"choices": [{"index": 0, "message": msg}]} if status == 200
+                                  else {"error": {"message": f"scripted {status}"}}).encode()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def _ask(agent):
+    return asyncio.run(agent.respond([{"role": "user", "content": "x"}], [], builtin_suite("records").tasks[0]))
+
+
+def test_openai_agent_waits_out_a_rate_limit_as_the_server_asks():
+    """429 and 503 are asked again, after the wait the server names (`retry-after-ms`, then
+    `Retry-After` in seconds), and the third answer is used."""
+    server = _ScriptedServer([(429, {"retry-after-ms": "300"}), (503, {"Retry-After": "1"}), (200, {})])
+    try:
+        assert _ask(OpenAIAgent(server.url, retries=2, backoff_s=0.01)) == "done"
+    finally:
+        server.httpd.shutdown()
+    assert len(server.times) == 3
+    gaps = [b - a for a, b in zip(server.times, server.times[1:])]
+    assert gaps[0] >= 0.3 and gaps[1] >= 1.0, gaps  # the server's waits, not the 0.01 s backoff
+
+
+def test_openai_agent_gives_up_with_the_servers_own_words():
+    """A server that stays overloaded fails the turn after 1 + retries attempts; a bad request
+    (400) is not repeated. Both are `PolicyError` (the runner makes the episode infra_error)."""
+    busy = _ScriptedServer([(503, {})])
+    try:
+        with pytest.raises(PolicyError, match=r"failed after 3 attempts: .*HTTP 503: .*scripted 503"):
+            _ask(OpenAIAgent(busy.url, retries=2, backoff_s=0.01))
+    finally:
+        busy.httpd.shutdown()
+    assert len(busy.times) == 3
+    bad = _ScriptedServer([(400, {}), (200, {})])
+    try:
+        with pytest.raises(PolicyError, match=r"HTTP 400: .*scripted 400"):
+            _ask(OpenAIAgent(bad.url, retries=2, backoff_s=0.01))
+    finally:
+        bad.httpd.shutdown()
+    assert len(bad.times) == 1
+
+
+def test_progress_lines_count_requests_awaiting_a_remote_server(capsys, monkeypatch):
+    """A remote policy has no batch to report: the heartbeat says how many of its requests are
+    out, and nothing once they are answered."""
+    import re
+
+    from toolgym.harness import rollout
+
+    monkeypatch.setattr(rollout, "PLAIN_PROGRESS_S", 0.1)
+    server = _ScriptedServer([(200, {})], delay_s=0.6)
+    try:
+        runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, OpenAIAgent(server.url),
+                               progress=True, limits=toolgym.harness.RolloutLimits(max_turns=1))
+        trajs = runner.run(builtin_suite("records").tasks[:2])
+    finally:
+        server.httpd.shutdown()
+    assert len(trajs) == 2 and len(server.times) == 2
+    lines = capsys.readouterr().out.splitlines()
+    waiting = [line for line in lines
+               if re.match(r"rollouts: [01]/2 done, 0 passed, \d+ s \([12] requests? awaiting the server\)$", line)]
+    assert waiting, lines
+    assert any(line.startswith("rollouts: 2/2 done") and "awaiting" not in line for line in lines), lines
+
+
 # ---- batched sampling on the policy's device --------------------------------------------------------
 
 def test_a_rows_tokens_do_not_depend_on_its_batch(tiny_dir):
