@@ -132,8 +132,11 @@ class OpenAIAgent:
         resp = await self._post(f"{self.base_url}/chat/completions", body)
         try:
             message = resp.json()["choices"][0]["message"]
-        except (KeyError, IndexError, ValueError) as err:
-            raise PolicyError(f"unexpected chat completion response: {err}") from None
+            if not isinstance(message, dict) or not all(isinstance(c, dict) for c in message.get("tool_calls") or []):
+                raise TypeError("`message` and its `tool_calls` must be objects")
+        except (KeyError, IndexError, ValueError, TypeError) as err:
+            raise PolicyError(f"unexpected chat completion response ({type(err).__name__}: {err}): "
+                              f"{resp.text[:200]}") from None
         parts = [message.get("content") or ""]
         for call in message.get("tool_calls") or []:
             fn = call.get("function", {})

@@ -211,9 +211,10 @@ def test_openai_agent_unreachable_is_policy_error():
 
 class _ScriptedServer:
     """A local endpoint that answers the n-th POST with the n-th scripted (status, headers) reply
-    (the last one repeats); a 200 carries a plain chat completion. `delay_s` holds every answer."""
+    (the last one repeats); a 200 carries a plain chat completion, or `body` when given.
+    `delay_s` holds every answer."""
 
-    def __init__(self, replies, delay_s: float = 0.0):
+    def __init__(self, replies, delay_s: float = 0.0, body: str | None = None):
         self.times = []
         outer = self
 
@@ -231,6 +232,8 @@ class _ScriptedServer:
                 msg = {"role": "assistant", "content": "done"}
                 data = json.dumps({"choices": [{"index": 0, "message": msg}]} if status == 200
                                   else {"error": {"message": f"scripted {status}"}}).encode()
+                if body is not None:
+                    data = body.encode()
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
@@ -277,6 +280,14 @@ def test_openai_agent_gives_up_with_the_servers_own_words():
     finally:
         bad.httpd.shutdown()
     assert len(bad.times) == 1
+    for body in ('{"choices": []}', '{"choices": [{"message": "hi"}]}', 'not json',
+                 '{"choices": [{"message": {"content": null, "tool_calls": ["f()"]}}]}'):
+        odd = _ScriptedServer([(200, {})], body=body)
+        try:
+            with pytest.raises(PolicyError, match="unexpected chat completion response"):
+                _ask(OpenAIAgent(odd.url))
+        finally:
+            odd.httpd.shutdown()
 
 
 def test_progress_lines_count_requests_awaiting_a_remote_server(capsys, monkeypatch):
