@@ -156,12 +156,11 @@ def test_parse_response_rejects_garbage():
 
 # ---- OpenAI-compatible chat endpoint --------------------------------------------------------------
 
-class _ChatServer:
-    """A local OpenAI-compatible endpoint that answers with the task's oracle calls in the API's own
-    `tool_calls` format (a stand-in for a remote API that cannot be reached from here)."""
+class _LocalServer:
+    """A local HTTP endpoint on a free port (a stand-in for a remote API that cannot be reached
+    from here): every POST's JSON body goes to `reply`, which returns (status, headers, body)."""
 
-    def __init__(self, oracle_by_instruction):
-        self.bodies = []
+    def __init__(self):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -169,16 +168,11 @@ class _ChatServer:
                 pass
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.bodies.append(body)
-                user = next(m["content"] for m in body["messages"] if m["role"] == "user")
-                turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
-                call = oracle_by_instruction[user][turn]
-                msg = {"role": "assistant", "content": None, "tool_calls": [{
-                    "id": f"c{turn}", "type": "function",
-                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}]}
-                data = json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}]}).encode()
-                self.send_response(200)
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                status, headers, data = outer.reply(json.loads(raw))
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -186,6 +180,25 @@ class _ChatServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+class _ChatServer(_LocalServer):
+    """An OpenAI-compatible endpoint that answers with the task's oracle calls in the API's own
+    `tool_calls` format."""
+
+    def __init__(self, oracle_by_instruction):
+        self.bodies, self.oracle_by_instruction = [], oracle_by_instruction
+        super().__init__()
+
+    def reply(self, body):
+        self.bodies.append(body)
+        user = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        call = self.oracle_by_instruction[user][turn]
+        msg = {"role": "assistant", "content": None, "tool_calls": [{
+            "id": f"c{turn}", "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}]}
+        return 200, {}, json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}]}).encode()
 
 
 def test_openai_agent_solves_tasks_over_http():
@@ -209,41 +222,26 @@ def test_openai_agent_unreachable_is_policy_error():
         asyncio.run(agent.respond([{"role": "user", "content": "x"}], [], builtin_suite("records").tasks[0]))
 
 
-class _ScriptedServer:
-    """A local endpoint that answers the n-th POST with the n-th scripted (status, headers) reply
-    (the last one repeats); a 200 carries a plain chat completion, or `body` when given.
-    `delay_s` holds every answer."""
+class _ScriptedServer(_LocalServer):
+    """An endpoint that answers the n-th POST with the n-th scripted (status, headers) reply (the
+    last one repeats); a 200 carries a plain chat completion, or `body` when given. `delay_s`
+    holds every answer."""
 
     def __init__(self, replies, delay_s: float = 0.0, body: str | None = None):
-        self.times = []
-        outer = self
+        self.times, self.replies, self.delay_s, self.body = [], replies, delay_s, body
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
+    def reply(self, body):
+        import time
 
-            def do_POST(self):
-                import time
-
-                self.rfile.read(int(self.headers["Content-Length"]))
-                outer.times.append(time.monotonic())
-                time.sleep(delay_s)
-                status, headers = replies[min(len(outer.times), len(replies)) - 1]
-                msg = {"role": "assistant", "content": "done"}
-                data = json.dumps({"choices": [{"index": 0, "message": msg}]} if status == 200
-                                  else {"error": {"message": f"scripted {status}"}}).encode()
-                if body is not None:
-                    data = body.encode()
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.times.append(time.monotonic())
+        time.sleep(self.delay_s)
+        status, headers = self.replies[min(len(self.times), len(self.replies)) - 1]
+        if self.body is not None:
+            return status, headers, self.body.encode()
+        answer = ({"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}}]} if status == 200
+                  else {"error": {"message": f"scripted {status}"}})
+        return status, headers, json.dumps(answer).encode()
 
 
 def _ask(agent):
