@@ -261,31 +261,27 @@ def test_openai_agent_waits_out_a_rate_limit_as_the_server_asks():
     assert gaps[0] >= 0.3 and gaps[1] >= 1.0, gaps  # the server's waits, not the 0.01 s backoff
 
 
+def _turn_fails(replies, match, body=None) -> int:
+    """Ask a scripted server once; the turn must fail with `PolicyError` matching `match`.
+    Returns how many requests the server saw."""
+    server = _ScriptedServer(replies, body=body)
+    try:
+        with pytest.raises(PolicyError, match=match):
+            _ask(OpenAIAgent(server.url, retries=2, backoff_s=0.01))
+    finally:
+        server.httpd.shutdown()
+    return len(server.times)
+
+
 def test_openai_agent_gives_up_with_the_servers_own_words():
     """A server that stays overloaded fails the turn after 1 + retries attempts; a bad request
-    (400) is not repeated. Both are `PolicyError` (the runner makes the episode infra_error)."""
-    busy = _ScriptedServer([(503, {})])
-    try:
-        with pytest.raises(PolicyError, match=r"failed after 3 attempts: .*HTTP 503: .*scripted 503"):
-            _ask(OpenAIAgent(busy.url, retries=2, backoff_s=0.01))
-    finally:
-        busy.httpd.shutdown()
-    assert len(busy.times) == 3
-    bad = _ScriptedServer([(400, {}), (200, {})])
-    try:
-        with pytest.raises(PolicyError, match=r"HTTP 400: .*scripted 400"):
-            _ask(OpenAIAgent(bad.url, retries=2, backoff_s=0.01))
-    finally:
-        bad.httpd.shutdown()
-    assert len(bad.times) == 1
+    (400) is not repeated; nor is a 200 that is not a chat completion. All are `PolicyError`
+    (the runner makes the episode infra_error)."""
+    assert _turn_fails([(503, {})], r"failed after 3 attempts: .*HTTP 503: .*scripted 503") == 3
+    assert _turn_fails([(400, {}), (200, {})], r"HTTP 400: .*scripted 400") == 1
     for body in ('{"choices": []}', '{"choices": [{"message": "hi"}]}', 'not json',
                  '{"choices": [{"message": {"content": null, "tool_calls": ["f()"]}}]}'):
-        odd = _ScriptedServer([(200, {})], body=body)
-        try:
-            with pytest.raises(PolicyError, match="unexpected chat completion response"):
-                _ask(OpenAIAgent(odd.url))
-        finally:
-            odd.httpd.shutdown()
+        assert _turn_fails([(200, {})], "unexpected chat completion response", body=body) == 1
 
 
 def test_progress_lines_count_requests_awaiting_a_remote_server(capsys, monkeypatch):
