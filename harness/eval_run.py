@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.harness.evaluate import EvalBudget, EvalReport, evaluate, write_report
+from toolgym.harness.host_memory import release_memory
 from toolgym.harness.policy import SamplingParams
 from toolgym.harness.rollout import RolloutLimits, RolloutRunner
 from toolgym.harness.specs import make_agent
@@ -45,6 +46,7 @@ def run_eval(policy: str, suite: TaskSuite, split: str = "held-out", samples: in
         trajs = runner.run(tasks, seed=seed)
     finally:
         runner.close()
+        release_memory()  # the batches' memory back to the OS before the next stage needs it
     write_parquet(trajs, out / "trajectories.parquet")
     # Mined tasks carry their package: pass@k per package beside per family (= mutation operator).
     groups = {key: {t.id: str(t.metadata[key]) for t in tasks if key in t.metadata} for key in GROUP_KEYS}

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from toolgym.harness.host_memory import release_memory
+
 if TYPE_CHECKING:  # torch is imported by the functions: the CLI imports this module for its error type
     import torch
 
@@ -68,21 +70,6 @@ def auto_token_budget(model: torch.nn.Module, device: torch.device) -> int:
     """Padded tokens per micro-batch that fit in `MEMORY_SHARE` of the free memory."""
     fits = int(MEMORY_SHARE * free_memory(device) / bytes_per_token(model))
     return max(64, min(MAX_AUTO_BUDGET, fits))
-
-
-def release_memory() -> None:
-    """Give freed memory back to the OS after a large step. glibc keeps freed heap memory for
-    reuse, so after a training step's activations are freed the process stays as large as its
-    peak; the next stage (evaluation batches with their KV caches) then adds to that peak. Only
-    on glibc (Linux); elsewhere nothing to do."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def check_fits(model: torch.nn.Module, device: torch.device, padded_tokens: int, what: str) -> None:

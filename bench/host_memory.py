@@ -1,0 +1,119 @@
+"""Does a process that evaluates again and again stay the same size? Side by side in one run:
+the same evaluations with `malloc_trim` (what toolgym does after every generation batch and every
+evaluation, `harness/host_memory.py`) and with it switched off.
+
+    python bench/host_memory.py [--model smollm2-135m] [--tasks 100] [--rounds 4] [--dtype auto]
+
+Each arm runs in its own fresh process: `--rounds` greedy evaluations of the first `--tasks`
+held-out BFCL entries, one after another, each with a new policy (as `bench/later_heldout.py`
+does with its SFT and final models). After each evaluation it prints the resident memory, the
+peak so far, and what malloc's arenas hold: in use by live objects, and freed but kept. Writes
+`runs/bench/host_memory.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_results  # noqa: E402
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def arenas_gb() -> dict[str, float]:
+    """glibc's view of its heap arenas: bytes in use and bytes freed but kept, in GB."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return {"in_use_gb": info.uordblks / 1e9, "freed_kept_gb": info.fordblks / 1e9}
+
+
+def child(args: argparse.Namespace) -> None:
+    """One arm: the evaluations in this process, one JSON line per evaluation on stdout."""
+    import toolgym  # noqa: F401 (registers the suites)
+    from toolgym.cli.app import load_suite
+    from toolgym.harness import host_memory
+    from toolgym.harness.hardware import choose_bf16
+    from toolgym.harness.eval_run import run_eval
+    from toolgym.harness.policy import SamplingParams
+    from toolgym.harness.rollout import RolloutLimits
+
+    if not args.trim:
+        host_memory._libc_trim.cache_clear()
+        host_memory._libc_trim = lambda: None  # the arm without trimming
+    suite = load_suite("bfcl")
+    dtype = choose_bf16(args.dtype, "cpu").dtype  # `auto`: bf16 where the CPU computes it natively
+    limits = RolloutLimits(max_turns=1, max_new_tokens_per_turn=args.tokens, max_total_tokens=1024)
+    sampling = SamplingParams(max_new_tokens=args.tokens, temperature=0.0)
+    for number in range(args.rounds):
+        started = time.perf_counter()
+        report, _ = run_eval(f"hf:{args.model}", suite, "held-out", 1, [1], args.tasks, 128, 0,
+                             f"/tmp/toolgym-bench-host-memory/{int(args.trim)}/{number}", limits, sampling,
+                             progress=False, dtype=dtype)
+        row = {"round": number + 1, "seconds": round(time.perf_counter() - started, 1),
+               "pass@1": report.overall.pass_at["1"].value, "rss_gb": host_memory.resident_gb(),
+               "peak_rss_gb": host_memory.peak_resident_gb(), **arenas_gb()}
+        print("ROW " + json.dumps(row), flush=True)
+
+
+def run_arm(trim: bool, args: argparse.Namespace) -> list[dict]:
+    """Run one arm in a fresh process; its rows, printed as they come."""
+    command = [sys.executable, __file__, "--child", "--model", args.model, "--tasks", str(args.tasks), "--rounds",
+               str(args.rounds), "--tokens", str(args.tokens), "--dtype", args.dtype] + (["--trim"] if trim else [])
+    rows = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("ROW "):
+                row = json.loads(line[4:])
+                rows.append(row)
+                print(f"{'trim' if trim else 'no trim':8s} evaluation {row['round']}: {row['seconds']:5.0f} s, "
+                      f"pass@1 {row['pass@1']:.3f}, resident {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f}), "
+                      f"arenas: {row['in_use_gb']:.2f} GB in use, {row['freed_kept_gb']:.2f} GB freed but kept",
+                      flush=True)
+    if proc.returncode:
+        raise SystemExit(f"the {'trim' if trim else 'no-trim'} arm failed (exit {proc.returncode})")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="a model spec as `hf:` takes it")
+    parser.add_argument("--tasks", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=256, help="new tokens per answer")
+    parser.add_argument("--dtype", default="auto", help="rollout precision: auto, bf16 or fp32")
+    parser.add_argument("--out", default="runs/bench/host_memory.json")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trim", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    from toolgym.harness.hardware import choose_bf16, cpu_description
+
+    results = {"cpu": cpu_description(), "model": args.model, "tasks": args.tasks,
+               "dtype": choose_bf16(args.dtype, "cpu").dtype,
+               "no_trim": run_arm(False, args), "trim": run_arm(True, args)}
+    last_off, last_on = results["no_trim"][-1], results["trim"][-1]
+    results["peak_ratio"] = last_off["peak_rss_gb"] / last_on["peak_rss_gb"]
+    results["seconds_ratio"] = (sum(r["seconds"] for r in results["trim"])
+                                / sum(r["seconds"] for r in results["no_trim"]))
+    print(f"after {args.rounds} evaluations: peak resident {last_off['peak_rss_gb']:.2f} GB without trimming, "
+          f"{last_on['peak_rss_gb']:.2f} GB with ({results['peak_ratio']:.2f}x); time with / without "
+          f"{results['seconds_ratio']:.2f}x ({results['cpu']})")
+    write_results(args.out, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The process's memory on the host: give freed memory back to the OS, and say how much is held.
+
+glibc's malloc keeps freed memory in its arenas for reuse and returns only what sits at the top
+of a heap. Generation and training allocate tensors of ever-different sizes (batch rows times
+prompt width), so the arenas fragment: measured on SmolLM2-135M evaluating 100 BFCL entries four
+times in one process (bf16, AVX-512 EPYC), the process held 3.4, 5.0, 5.4 and 5.7 GB after each
+evaluation while its live objects took 0.35-0.48 GB (peak 8.1 GB by the fourth); four 200-entry
+evaluations reached 23 GB and the machine swapped. `malloc_trim` hands the free pages back
+(`bench/host_memory.py` measures it side by side).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import gc
+import resource
+import sys
+
+
+@functools.lru_cache(maxsize=1)
+def _libc_trim():  # type: ignore[no-untyped-def]
+    """glibc's `malloc_trim`, or None where there is none (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_memory(collect: bool = True) -> None:
+    """Give memory the process freed back to the OS (glibc only; elsewhere nothing to do).
+
+    `collect` first runs Python's cycle collector, so tensors held only by reference cycles are
+    freed too; a hot path (after every generation batch) skips it: trimming alone took 0.06-0.11 s
+    with several GB free, a full collection costs more."""
+    if collect:
+        gc.collect()
+    trim = _libc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def resident_gb() -> float:
+    """The process's resident memory now, in GB (0.0 where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return 0.0
+
+
+def peak_resident_gb() -> float:
+    """The most resident memory the process has held so far, in GB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes on macOS, KiB on Linux
+
+
+__all__ = ["peak_resident_gb", "release_memory", "resident_gb"]
