@@ -323,6 +323,9 @@ def test_sigkill_mid_step_then_resume_continues_exactly(tmp_path):
     assert sft_a.keys() == sft_b.keys() and all(torch.equal(sft_a[k], sft_b[k]) for k in sft_a)
     report = run_cli("report", str(run_dir))
     assert report.returncode == 0 and "report:" in report.stdout
+    # every step records the process's memory, and the report says its peak
+    assert all(r["peak_rss_gb"] > 0.99 * r["rss_gb"] > 0 for r in straight)
+    assert "peak resident memory" in (run_dir / "report.md").read_text()
 
 
 def test_a_mixed_batch_plays_each_task_on_its_own_env_id():

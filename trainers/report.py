@@ -346,6 +346,10 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
         total = {k: sum(r.get(k, 0.0) for r in train) for k in ("time_rollout_s", "time_verify_s", "time_train_s")}
         lines += [f"Time: rollout {total['time_rollout_s']:.0f} s (verification inside it: "
                   f"{total['time_verify_s']:.0f} s of verifier time), training {total['time_train_s']:.0f} s.", ""]
+        peak = max((r["peak_rss_gb"] for r in records if isinstance(r.get("peak_rss_gb"), (int, float))), default=None)
+        if peak is not None:  # runs logged before toolgym recorded memory have none
+            lines += [f"Memory: the process's peak resident memory {peak:.1f} GB (the train and eval rows of "
+                      f"`metrics.jsonl` record it as `rss_gb` / `peak_rss_gb`).", ""]
         lines += curve_table(train)
         samplers = {k: v for k, v in last.items() if k.startswith("sampler/")}
         if samplers:
