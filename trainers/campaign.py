@@ -387,7 +387,7 @@ class Campaign:
                 self.trainer.run("set_lr", lr)
                 m = self.trainer.run("sft", pack(chosen, [0.0] * len(chosen), self.policy.pad_id,
                                                  self.config.rollout.max_total_tokens))
-                m["lr"] = lr
+                m.update(lr=lr, rss_gb=resident_gb(), peak_rss_gb=peak_resident_gb())
                 self.metrics.log(i + 1, m, kind="sft")
                 advance(m["sft_loss"])
         self.trainer.run("restart_optimizer", self.config.rl.learner.lr)

@@ -381,6 +381,9 @@ class Learner:
         start = time.perf_counter()
         nll, total, correct = self._nll_pass(batch, 1.0, "SFT step")
         norm = self._step()
+        # each step's batch has its own width: without this the freed activations fragment malloc's
+        # heap and the process grew 5.8 -> 9.2 GB over 30 SFT steps of SmolLM2-135M (bf16 autocast)
+        release_memory(collect=False)
         elapsed = time.perf_counter() - start
         return {"sft_loss": nll, "sft_token_accuracy": correct / max(total, 1.0),
                 "grad_norm": norm, "train_tokens": int(total), "train_seconds": elapsed,
