@@ -126,7 +126,7 @@ def run_arm(trim: bool, work: str, args: argparse.Namespace) -> list[dict]:
                 said.append(f"pass@1 {row['pass@1']:.3f}")
             if "in_use_gb" in row:
                 said.append(f"arenas: {row['in_use_gb']:.2f} GB in use, {row['freed_kept_gb']:.2f} GB freed but kept")
-            print(", ".join(said), flush=True)
+            print(said[0] + " " + ", ".join(said[1:]), flush=True)
     if proc.returncode:
         raise SystemExit(f"the {'trim' if trim else 'no-trim'} {work} arm failed (exit {proc.returncode})")
     return rows
