@@ -1,17 +1,14 @@
-"""Does a process that generates and trains again and again stay the same size? Side by side in
-one run: the same work with `malloc_trim` (what toolgym does every 16 generated tokens, after
-every generation batch, SFT step, RL step and evaluation: `harness/host_memory.py`) and with it
-switched off.
+"""Does a process that evaluates again and again stay the same size? Side by side in one run: the
+same evaluations with `malloc_trim` (what toolgym does every 16 generated tokens, after every
+generation batch and every evaluation: `harness/host_memory.py`) and with it switched off.
 
-    python bench/host_memory.py [--model smollm2-135m] [--tasks 64] [--rounds 3] [--sft-steps 24]
+    python bench/host_memory.py [--model smollm2-135m] [--tasks 64] [--rounds 3]
 
-Each arm runs in its own fresh process, twice: `--rounds` greedy evaluations of the first
-`--tasks` held-out BFCL entries one after another, each with a new policy (as
-`bench/later_heldout.py` does with its SFT and final models); then the main job's first
-`--sft-steps` SFT steps (examples/demo.yaml). It prints the resident memory after each
-evaluation and SFT step, the peak so far, and what malloc's arenas hold (in use by live objects,
-and freed but kept). Precision as the main job chooses it (`auto`). Writes
-`runs/bench/host_memory.json`.
+Each arm runs in its own fresh process: `--rounds` greedy evaluations of the first `--tasks`
+held-out BFCL entries one after another, each with a new policy (as `bench/later_heldout.py`
+does with its SFT and final models). It prints the resident memory after each evaluation, the
+peak so far, and what malloc's arenas hold (in use by live objects, and freed but kept).
+Precision as the main job chooses it (`auto`). Writes `runs/bench/host_memory.json`.
 """
 
 from __future__ import annotations
@@ -45,12 +42,9 @@ def arenas_gb() -> dict[str, float]:
     return {"in_use_gb": info.uordblks / 1e9, "freed_kept_gb": info.fordblks / 1e9}
 
 
-def _emit(row: dict) -> None:
-    print("ROW " + json.dumps(row), flush=True)
-
-
-def child_eval(args: argparse.Namespace) -> None:
-    """The evaluations, in this process: one row per evaluation."""
+def child(args: argparse.Namespace) -> None:
+    """One arm's evaluations in this process, trimming or not (`--trim`): a JSON row per evaluation."""
+    import toolgym  # noqa: F401 (registers the suites)
     from toolgym.cli.app import load_suite
     from toolgym.harness import host_memory
     from toolgym.harness.eval_run import run_eval
@@ -58,6 +52,9 @@ def child_eval(args: argparse.Namespace) -> None:
     from toolgym.harness.policy import SamplingParams
     from toolgym.harness.rollout import RolloutLimits
 
+    if not args.trim:  # the arm without trimming: every release_memory() call trims nothing
+        host_memory._libc_trim.cache_clear()
+        host_memory._libc_trim = lambda: None
     suite = load_suite("bfcl")
     dtype = choose_bf16("auto", "cpu").dtype
     limits = RolloutLimits(max_turns=1, max_new_tokens_per_turn=args.tokens, max_total_tokens=1024)
@@ -67,50 +64,16 @@ def child_eval(args: argparse.Namespace) -> None:
             started = time.perf_counter()
             report, _ = run_eval(f"hf:{args.model}", suite, "held-out", 1, [1], args.tasks, 128, 0,
                                  f"{out}/{number}", limits, sampling, progress=False, dtype=dtype)
-            _emit({"what": f"evaluation {number + 1}", "seconds": round(time.perf_counter() - started, 1),
+            row = {"evaluation": number + 1, "seconds": round(time.perf_counter() - started, 1),
                    "pass@1": report.overall.pass_at["1"].value, "rss_gb": host_memory.resident_gb(),
-                   "peak_rss_gb": host_memory.peak_resident_gb(), **arenas_gb()})
+                   "peak_rss_gb": host_memory.peak_resident_gb(), **arenas_gb()}
+            print("ROW " + json.dumps(row), flush=True)
 
 
-def child_sft(args: argparse.Namespace) -> None:
-    """The main job's first SFT steps, in this process: one row per step (from its metrics)."""
-    from toolgym.trainers.campaign import Campaign
-    from toolgym.trainers.checkpoint import MetricsLog, read_metrics
-    from toolgym.trainers.config import load_config
-
-    with tempfile.TemporaryDirectory() as out:
-        config = load_config(ROOT / "examples" / "demo.yaml",
-                             {"sft.steps": args.sft_steps, "eval.base_tasks": 0, "out_dir": out})
-        campaign = Campaign(config, progress=False)
-        try:
-            campaign.run_dir.mkdir(parents=True, exist_ok=True)
-            campaign.metrics = MetricsLog(campaign.run_dir, tensorboard=False)
-            campaign.sft_stage()
-        finally:
-            campaign.close()
-        for r in read_metrics(Path(out)):
-            if r["kind"] == "sft":
-                _emit({"what": f"SFT step {r['step']}", "seconds": round(r["train_seconds"], 1),
-                       "rss_gb": r["rss_gb"], "peak_rss_gb": r["peak_rss_gb"]})
-    _emit({"what": "after SFT", "seconds": 0.0, **arenas_gb()})
-
-
-def child(args: argparse.Namespace) -> None:
-    """One arm's work (`--work`) in this process, trimming or not (`--trim`)."""
-    import toolgym  # noqa: F401 (registers the suites)
-    from toolgym.harness import host_memory
-
-    if not args.trim:  # the arm without trimming: every release_memory() call trims nothing
-        host_memory._libc_trim.cache_clear()
-        host_memory._libc_trim = lambda: None
-    {"eval": child_eval, "sft": child_sft}[args.work](args)
-
-
-def run_arm(trim: bool, work: str, args: argparse.Namespace) -> list[dict]:
-    """Run one arm's `work` in a fresh process; its rows, printed as they come."""
-    command = [sys.executable, __file__, "--child", "--work", work, "--model", args.model, "--tasks",
-               str(args.tasks), "--rounds", str(args.rounds), "--tokens", str(args.tokens), "--sft-steps",
-               str(args.sft_steps)] + (["--trim"] if trim else [])
+def run_arm(trim: bool, args: argparse.Namespace) -> list[dict]:
+    """Run one arm in a fresh process; its rows, printed as they come."""
+    command = [sys.executable, __file__, "--child", "--model", args.model, "--tasks", str(args.tasks),
+               "--rounds", str(args.rounds), "--tokens", str(args.tokens)] + (["--trim"] if trim else [])
     rows = []
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
@@ -119,16 +82,11 @@ def run_arm(trim: bool, work: str, args: argparse.Namespace) -> list[dict]:
                 continue
             row = json.loads(line[4:])
             rows.append(row)
-            said = [f"{'trim' if trim else 'no trim':8s} {row['what']}:"]
-            if "rss_gb" in row:
-                said.append(f"{row['seconds']:5.1f} s, resident {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f})")
-            if "pass@1" in row:
-                said.append(f"pass@1 {row['pass@1']:.3f}")
-            if "in_use_gb" in row:
-                said.append(f"arenas: {row['in_use_gb']:.2f} GB in use, {row['freed_kept_gb']:.2f} GB freed but kept")
-            print(said[0] + " " + ", ".join(said[1:]), flush=True)
+            print(f"{'trim' if trim else 'no trim':8s} evaluation {row['evaluation']}: {row['seconds']:5.0f} s, "
+                  f"pass@1 {row['pass@1']:.3f}, resident {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f}), "
+                  f"arenas: {row['in_use_gb']:.2f} GB in use, {row['freed_kept_gb']:.2f} GB freed but kept", flush=True)
     if proc.returncode:
-        raise SystemExit(f"the {'trim' if trim else 'no-trim'} {work} arm failed (exit {proc.returncode})")
+        raise SystemExit(f"the {'trim' if trim else 'no-trim'} arm failed (exit {proc.returncode})")
     return rows
 
 
@@ -138,10 +96,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=256, help="new tokens per answer")
-    parser.add_argument("--sft-steps", type=int, default=24, help="0: no SFT arms")
     parser.add_argument("--out", default="runs/bench/host_memory.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--work", choices=("eval", "sft"), help=argparse.SUPPRESS)
     parser.add_argument("--trim", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -149,17 +105,14 @@ def main() -> None:
     from toolgym.harness.hardware import choose_bf16, cpu_description
 
     results = {"cpu": cpu_description(), "precision": choose_bf16("auto", "cpu").dtype, "model": args.model,
-               "tasks": args.tasks, "rounds": args.rounds, "sft_steps": args.sft_steps}
-    works = ["eval"] + (["sft"] if args.sft_steps else [])
-    for work in works:
-        off, on = run_arm(False, work, args), run_arm(True, work, args)
-        peak_off = max(r["peak_rss_gb"] for r in off if "peak_rss_gb" in r)
-        peak_on = max(r["peak_rss_gb"] for r in on if "peak_rss_gb" in r)
-        seconds = sum(r["seconds"] for r in on) / max(sum(r["seconds"] for r in off), 1e-9)
-        results[work] = {"no_trim": off, "trim": on, "peak_rss_gb": {"no_trim": peak_off, "trim": peak_on},
-                         "peak_ratio": peak_off / peak_on, "seconds_ratio": seconds}
-        print(f"{work}: peak resident {peak_off:.2f} GB without trimming, {peak_on:.2f} GB with "
-              f"({peak_off / peak_on:.2f}x); time with / without {seconds:.2f}x", flush=True)
+               "tasks": args.tasks, "rounds": args.rounds}
+    off, on = run_arm(False, args), run_arm(True, args)
+    peak_off, peak_on = max(r["peak_rss_gb"] for r in off), max(r["peak_rss_gb"] for r in on)
+    seconds = sum(r["seconds"] for r in on) / max(sum(r["seconds"] for r in off), 1e-9)
+    results.update(no_trim=off, trim=on, peak_rss_gb={"no_trim": peak_off, "trim": peak_on},
+                   peak_ratio=peak_off / peak_on, seconds_ratio=seconds)
+    print(f"after {args.rounds} evaluations: peak resident {peak_off:.2f} GB without trimming, {peak_on:.2f} GB "
+          f"with ({peak_off / peak_on:.2f}x); time with / without {seconds:.2f}x", flush=True)
     print(f"({results['cpu']}, {results['precision']})")
     write_results(args.out, results)
 

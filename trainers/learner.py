@@ -381,9 +381,8 @@ class Learner:
         start = time.perf_counter()
         nll, total, correct = self._nll_pass(batch, 1.0, "SFT step")
         norm = self._step()
-        # each step's batch has its own width: without this the freed activations fragment malloc's
-        # heap and the process grew 5.8 -> 9.2 GB over 30 SFT steps of SmolLM2-135M (bf16 autocast)
-        release_memory(collect=False)
+        # no malloc_trim per step (generation has one): the peak is the step's own activations, and
+        # trimming every SFT step kept it (8.8 vs 8.2 GB) at 1.17x the time (bench/host_memory.py, f6b9973)
         elapsed = time.perf_counter() - start
         return {"sft_loss": nll, "sft_token_accuracy": correct / max(total, 1.0),
                 "grad_norm": norm, "train_tokens": int(total), "train_seconds": elapsed,
