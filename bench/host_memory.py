@@ -25,9 +25,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
@@ -65,8 +62,7 @@ def child(args: argparse.Namespace) -> None:
             report, _ = run_eval(f"hf:{args.model}", suite, "held-out", 1, [1], args.tasks, 128, 0,
                                  f"{out}/{number}", limits, sampling, progress=False, dtype=dtype)
             row = {"evaluation": number + 1, "seconds": round(time.perf_counter() - started, 1),
-                   "pass@1": report.overall.pass_at["1"].value, "rss_gb": host_memory.resident_gb(),
-                   "peak_rss_gb": host_memory.peak_resident_gb(), **arenas_gb()}
+                   "pass@1": report.overall.pass_at["1"].value, **host_memory.memory_fields(), **arenas_gb()}
             print("ROW " + json.dumps(row), flush=True)
 
 

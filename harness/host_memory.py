@@ -61,4 +61,9 @@ def peak_resident_gb() -> float:
     return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes on macOS, KiB on Linux
 
 
-__all__ = ["peak_resident_gb", "release_memory", "resident_gb"]
+def memory_fields() -> dict[str, float]:
+    """The metrics fields a logged row carries: resident memory now and the peak so far, in GB."""
+    return {"rss_gb": resident_gb(), "peak_rss_gb": peak_resident_gb()}
+
+
+__all__ = ["memory_fields", "peak_resident_gb", "release_memory", "resident_gb"]

@@ -36,7 +36,7 @@ from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenA
 from toolgym.harness.eval_run import run_eval
 from toolgym.harness.hardware import Precision, choose_bf16, cpu_description
 from toolgym.harness.hf_policy import HFPolicy, resolve_dtype
-from toolgym.harness.host_memory import peak_resident_gb, resident_gb
+from toolgym.harness.host_memory import memory_fields
 from toolgym.harness.trajectory import Trajectory, write_jsonl
 from toolgym.sandbox import SafetyPolicy, SandboxConfig, SideEffect
 from toolgym.tasks import Task, builtin_suite
@@ -316,7 +316,7 @@ class Campaign:
                     batch = pipeline.get(self.step) if pipeline else self.collect(self.step)
                     batch.extra["time_wait_s"] = time.perf_counter() - waited
                     learned = self.learn(batch)
-                    learned.update(rss_gb=resident_gb(), peak_rss_gb=peak_resident_gb())
+                    learned.update(memory_fields())
                     self.metrics.log(self.step, learned)
                     self.say_step(learned)
                     if pipeline:
@@ -387,7 +387,7 @@ class Campaign:
                 self.trainer.run("set_lr", lr)
                 m = self.trainer.run("sft", pack(chosen, [0.0] * len(chosen), self.policy.pad_id,
                                                  self.config.rollout.max_total_tokens))
-                m.update(lr=lr, rss_gb=resident_gb(), peak_rss_gb=peak_resident_gb())
+                m.update(lr=lr, **memory_fields())
                 self.metrics.log(i + 1, m, kind="sft")
                 advance(m["sft_loss"])
         self.trainer.run("restart_optimizer", self.config.rl.learner.lr)
@@ -657,8 +657,7 @@ class Campaign:
                 f"pass@{k} {report.overall.pass_at[str(k)].value:.3f} [{report.overall.pass_at[str(k)].low:.3f}, "
                 f"{report.overall.pass_at[str(k)].high:.3f}]" for k in c.eval.ks))
         assert self.metrics is not None
-        self.metrics.log(self.step, {"label": label, **results, "rss_gb": resident_gb(),
-                                     "peak_rss_gb": peak_resident_gb()}, kind="eval")
+        self.metrics.log(self.step, {"label": label, **results, **memory_fields()}, kind="eval")
         return results
 
     def checkpoint(self) -> Path:
