@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import resource
 import subprocess
 import sys
@@ -29,7 +30,9 @@ from pathlib import Path
 
 CONFIGS = {
     "full": {},
+    "full (padded)": {"packing": False},
     "full + autocast auto": {"autocast": "auto"},
+    "full + autocast auto (padded)": {"autocast": "auto", "packing": False},
     "full + reference (kl)": {"kl_beta": 0.05},
     "lora": {"lora": {"r": 8, "alpha": 16}},
     "lora + autocast auto": {"lora": {"r": 8, "alpha": 16}, "autocast": "auto"},
@@ -37,8 +40,10 @@ CONFIGS = {
 }
 
 
-def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str | None = None) -> dict:
-    """Run in a child process: build the model, collect demonstrations, time `steps` RL steps."""
+def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str | None = None,
+        suite: str = "records", step: str = "rl") -> dict:
+    """Run in a child process: build the model, collect demonstrations, time `steps` RL steps
+    (`step` "sft": SFT steps on batches of 8 of them, as the main job's SFT stage runs)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     import toolgym
@@ -53,26 +58,44 @@ def one(name: str, hidden: int, layers: int, batch: int, steps: int, model: str 
         model = str(build_tiny_policy(DEFAULT_DIR.with_name(f"tiny-policy-v1-h{hidden}-l{layers}-v1024"),
                                       hidden=hidden, layers=layers))
     policy = HFPolicy(model, device="cpu", dtype="fp32")
+    if suite == "bfcl":  # the main job's compact tool list
+        from toolgym.harness.chat import load_template
+
+        policy.tokenizer.chat_template = load_template("qwen2.5-compact")
     config = LearnerConfig(**CONFIGS[name])
     if config.lora is not None:
         policy.model = apply_lora(policy.model, config.lora)
     learner = Learner(policy.model, config)
-    demos = collect_demonstrations(builtin_suite("records").split("train").tasks[:batch], policy.tokenizer,
+    demos = collect_demonstrations(builtin_suite(suite).split("train").tasks[:batch], policy.tokenizer,
                                    lambda env_id: toolgym.make(env_id).unwrapped, progress=False)
-    data = pack(demos, [1.0 if i % 2 else -1.0 for i in range(len(demos))], policy.pad_id)
-    learner.rl_step(data)  # warm-up
+    if step == "sft":  # batches of 8 in one fixed random order, the same in every configuration
+        order = random.Random(0).sample(range(len(demos)), len(demos))
+        batches = [pack([demos[i] for i in order[j: j + 8]], [0.0] * 8, policy.pad_id)
+                   for j in range(0, len(order) - 7, 8)][: steps + 2]
+        run = learner.sft_step
+    else:
+        batches = [pack(demos, [1.0 if i % 2 else -1.0 for i in range(len(demos))], policy.pad_id)] * (steps + 2)
+        run = learner.rl_step
+    run(batches[0])  # warm-up
     start = time.perf_counter()
-    for _ in range(steps):
-        m = learner.rl_step(data)
+    tokens = 0
+    for data in batches[1: steps + 1]:
+        m = run(data)
+        tokens += m["train_tokens"]
     elapsed = time.perf_counter() - start
     counter = FlopCounterMode(display=False)
-    with counter:  # one more step, untimed: what the step really executes
-        learner.rl_step(data)
+    with counter:  # the timed batches once more, untimed: what their steps really execute
+        for data in batches[1: steps + 1]:
+            run(data)
     trainable = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
     params = sum(p.numel() for p in policy.model.parameters())
-    return {"config": name, "train_tokens": m["train_tokens"], "padded_tokens": int(data.attention.sum()),
-            "params": params, "precision": learner.precision.dtype, "executed_flops": counter.get_total_flops(),
-            "tokens_per_s": m["train_tokens"] * steps / elapsed, "step_s": elapsed / steps,
+    timed = batches[1: steps + 1]
+    return {"config": name, "step": step, "train_tokens": tokens / steps,
+            "real_tokens": sum(int(b.attention.sum()) for b in timed) / steps,
+            "padded_tokens": sum(b.attention.numel() for b in timed) / steps,
+            "params": params, "precision": learner.precision.dtype,
+            "executed_flops": counter.get_total_flops() / steps,
+            "tokens_per_s": tokens / elapsed, "step_s": elapsed / steps,
             "trainable_params": trainable, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -85,18 +108,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--model", default=None, help="a built-in model (smollm2-135m) or directory instead of "
                         "the tiny model of --hidden x --layers")
+    parser.add_argument("--suite", default="records", help="the train tasks whose oracle demonstrations train "
+                        "(records, or bfcl: the main job's, with its compact tool list)")
+    parser.add_argument("--step", default="rl", choices=["rl", "sft"], help="rl: one RL step on the whole batch, "
+                        "repeated; sft: SFT steps on batches of 8 of them, one after another")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
     parser.add_argument("--out", default="runs/bench/trainer.json")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(one(args.child, args.hidden, args.layers, args.batch, args.steps, args.model)))
+        print(json.dumps(one(args.child, args.hidden, args.layers, args.batch, args.steps, args.model,
+                             args.suite, args.step)))
         return
     results = []
     for name in args.configs.split(","):
         extra = ["--model", args.model] if args.model else []
         out = subprocess.run([sys.executable, __file__, "--child", name, "--hidden", str(args.hidden), "--layers",
-                              str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps), *extra],
+                              str(args.layers), "--batch", str(args.batch), "--steps", str(args.steps),
+                              "--suite", args.suite, "--step", args.step, *extra],
                              capture_output=True, text=True, check=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     import torch
@@ -109,13 +138,15 @@ def main() -> None:
     model = args.model or f"tiny h{args.hidden} x {args.layers} layers"
     print(f"machine: {cpu_description()}; ceiling " + ", ".join(f"{d} {g:.1f} GFLOP/s" for d, g in ceilings.items())
           + f" (matmul, {torch.get_num_threads()} threads, measured now)")
-    print(f"one RL step, {base['train_tokens']} policy tokens ({base['padded_tokens']} tokens forwarded), "
-          f"model {model} ({base['params'] / 1e6:.1f} M parameters), CPU:")
+    what = "one RL step" if args.step == "rl" else "an SFT step (8 demonstrations)"
+    print(f"{what} on {args.suite} demonstrations: {base['train_tokens']:.0f} policy tokens, "
+          f"{base['real_tokens']:.0f} tokens in the batch, {base['padded_tokens']:.0f} padded to the longest row "
+          f"(mean of {args.steps} steps), model {model} ({base['params'] / 1e6:.1f} M parameters), CPU:")
     for r in results:
         ceiling = ceilings[r["precision"]]
         r["mfu"] = 6 * r["params"] * r["train_tokens"] / r["step_s"] / 1e9 / ceiling
         r["executed_utilisation"] = r["executed_flops"] / r["step_s"] / 1e9 / ceiling
-        print(f"  {r['config']:<22} {r['tokens_per_s']:8.0f} train tok/s ({r['step_s']:.2f} s/step, "
+        print(f"  {r['config']:<28} {r['tokens_per_s']:8.0f} train tok/s ({r['step_s']:.2f} s/step, "
               f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x full, computes in {r['precision']}, MFU {r['mfu']:.0%}; "
               f"executed {r['executed_flops'] / r['step_s'] / 1e9:.0f} GFLOP/s = {r['executed_utilisation']:.0%})  "
               f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x)  "

@@ -7,10 +7,12 @@ model's log-probabilities line up without further bookkeeping.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
+from toolgym.harness.packing import PackingUnsupported, packed_logits
 from toolgym.harness.prefix import MIN_SHARED, forward_logits, kept_logits
 from toolgym.harness.trajectory import Trajectory
 
@@ -115,13 +117,14 @@ def select(batch: TokenBatch, index: list[int]) -> TokenBatch:
 def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
                       with_entropy: bool = False, share_prefix: bool = True,
                       mask: torch.Tensor | None = None,
-                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      temperature: float = 1.0, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(token t+1 | tokens <= t) for every position (B, T-1), and optionally the entropy of
     each predictive distribution, where p = softmax(logits / `temperature`): the distribution the
     rollouts were sampled from (verl's actor divides its logits the same way). Right padding keeps
     real tokens at positions 0..len-1. The rows' shared prefix (system prompt, tool list, a group's
     task) runs once (`harness.prefix`). With `mask` (B, T-1), only the masked positions are
-    computed (the LM head, softmax and entropy skip the prompt and observations); the others are 0."""
+    computed (the LM head, softmax and entropy skip the prompt and observations); the others are 0.
+    With `pack` too (and `share_prefix`), the rows run without padding (`harness.packing`)."""
     if mask is not None and not bool((mask > 0).any()):
         mask = None  # nothing to pick: the plain path (keeps the graph for a zero loss)
     if mask is None:
@@ -135,7 +138,7 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     keep = torch.zeros_like(attention, dtype=torch.bool)
     keep[:, :-1] = picked
     if share_prefix:
-        logits = forward_logits(model, input_ids, attention, keep=keep).float()
+        logits = (packed_or_padded if pack else forward_logits)(model, input_ids, attention, keep).float()
     else:
         logits = kept_logits(model, keep, input_ids=input_ids, attention_mask=attention).float()
     logp_all = torch.log_softmax(_tempered(logits, temperature), dim=-1)
@@ -146,6 +149,26 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
         ent = -(logp_all.exp() * logp_all).sum(-1).detach()
         entropy = torch.zeros(mask.shape, dtype=ent.dtype, device=ent.device).masked_scatter(picked, ent)
     return logp, entropy
+
+
+def packed_or_padded(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
+                     keep: torch.Tensor) -> torch.Tensor:
+    """The kept positions' logits, from the padding-free forward where the batch and the model
+    allow it (`harness.packing`), else from the padded one with the shared prefix run once."""
+    if not _PACKING_REFUSED.get(type(model), False):
+        try:
+            logits = packed_logits(model, input_ids, attention, keep)
+        except PackingUnsupported as err:  # the model drops keyword arguments: never again for its class
+            _PACKING_REFUSED[type(model)] = True
+            warnings.warn(f"padding-free training forward unavailable ({err}); using padded batches", stacklevel=2)
+        else:
+            if logits is not None:
+                return logits
+    return forward_logits(model, input_ids, attention, keep=keep)
+
+
+#: Model classes whose attention layers did not receive the packed segments.
+_PACKING_REFUSED: dict[type, bool] = {}
 
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -75,6 +75,9 @@ class Learner:
         # `auto` is resolved once, from the hardware: bf16 autocast on an AVX2-only CPU would be
         # emulated, about 50x slower than fp32 (harness/hardware.py)
         self.precision = choose_bf16(self.config.autocast, self.device)
+        # padding-free micro-batches (harness/packing.py): measured on the CPU, where they made an
+        # SFT step 1.4x faster (bench/trainer.py --step sft); CUDA keeps padded batches (`auto`)
+        self.packing = self.config.packing if self.config.packing != "auto" else self.device.type == "cpu"
         # Data-parallel under torchrun: each rank passes its shard of the global batch; gradients
         # are averaged over ranks (DDP all-reduce, FSDP2 reduce-scatter) and the loss normalisers
         # are the global batch's (see _totals).
@@ -121,10 +124,10 @@ class Learner:
         with torch.no_grad(), self._precision():
             if self.ref_model is not None:
                 return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention, mask=mb.mask,
-                                         temperature=self.temperature)[0]
+                                         temperature=self.temperature, pack=self.packing)[0]
             with self.model.disable_adapter():  # peft: the base model is the reference
                 return sequence_logprobs(self.model, mb.input_ids, mb.attention, mask=mb.mask,
-                                         temperature=self.temperature)[0]
+                                         temperature=self.temperature, pack=self.packing)[0]
 
     def _totals(self, *values: float, op: str = "sum") -> list[float]:
         """Batch-wide normalisers, summed (or their `op="max"`) over ranks when data-parallel."""
@@ -227,7 +230,7 @@ class Learner:
         with self._precision():
             return sequence_logprobs(self.forward_model, mb.input_ids, mb.attention, with_entropy=with_entropy,
                                      share_prefix=self.world == 1, mask=mb.mask,
-                                     temperature=self.temperature if tempered else 1.0)
+                                     temperature=self.temperature if tempered else 1.0, pack=self.packing)
 
     def _reduce_stats(self, sums: dict[str, float], weights: dict[str, float]) -> None:
         if self.world == 1:

@@ -32,6 +32,10 @@ class LearnerConfig(BaseModel):
     grad_clip: float = Field(default=1.0, gt=0)
     token_budget: int | Literal["auto"] = Field(default="auto", description="padded tokens per micro-batch; "
                                                 "auto = sized from the model and the free memory")
+    packing: bool | Literal["auto"] = Field(default="auto", description="run each micro-batch's rows end to end "
+                                            "without padding (harness/packing.py; one process); auto = on a CPU "
+                                            "(1.4x an SFT step there), off on CUDA (its per-row attention loop is "
+                                            "not measured there); false = rows padded to the longest")
     loss: str = Field(default="ppo", description="ppo | gspo | cispo")
     agg: str | None = Field(default=None, description="token-mean | seq-mean-token-mean | seq-mean-token-sum-norm; "
                             "None = the loss's own (ppo, cispo: token-mean; gspo: seq-mean-token-mean)")
