@@ -1,20 +1,26 @@
 """Trainer throughput and memory, side by side in one run.
 
 One RL step on the same batch of real trajectories (oracle demonstrations of `records` train
-tasks, so every configuration trains the same tokens), for: full fine-tune, full fine-tune with a
-reference model (KL, beta > 0), LoRA, LoRA with KL (the reference is the base with adapters off).
+tasks, or with `--suite bfcl` the main job's BFCL ones, so every configuration trains the same
+tokens), or with `--step sft` SFT steps on batches of 8 of them (the main job's SFT stage), for:
+full fine-tune, full fine-tune with a reference model (KL, beta > 0), LoRA, LoRA with KL (the
+reference is the base with adapters off); `(padded)` configurations switch the padding-free
+micro-batches off (`packing: false`, `harness/packing.py`): rows padded to the longest.
 Each configuration runs in a fresh process so its peak RSS is its own. Prints train tokens/s and
 peak memory, and the ratios to the full fine-tune; and, against this machine's matmul ceiling
 measured in the same run (the dtype each configuration computes in), model-FLOP utilisation as
 the issue tracker defines it: 6 x parameters FLOPs per *trained* (policy) token; and beside it
 the matmul FLOPs the step really executed (counted by `torch.utils.flop_counter` in one extra,
-untimed step: the shared prompt prefix runs once, the LM head only at policy positions, padding
-inside a micro-batch runs too) per second against the same ceiling. (6 x parameters x every token
+untimed pass over the timed batches: the shared prompt prefix runs once, the LM head only at policy
+positions, padding inside a micro-batch runs too where it is not packed) per second against the
+same ceiling. (6 x parameters x every token
 in the batch would count a prompt shared by a group once per row: it gave "MFU 120%" in fp32.)
 `autocast: auto` configurations compute in bf16 only where the CPU does so natively (fp32 on an
 AVX2-only CPU: `harness/hardware.py`).
 
     python bench/trainer.py [--hidden 128 --layers 4] [--batch 32] [--out runs/bench/trainer.json]
+    python bench/trainer.py --model smollm2-135m --suite bfcl --step sft --batch 64 --steps 3 \
+        --configs "full + autocast auto,full + autocast auto (padded),full,full (padded)"
 """
 
 from __future__ import annotations
