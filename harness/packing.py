@@ -73,6 +73,8 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     dropout = dropout if module.training else 0.0
     outputs = []
     for start, end in segments.bounds:
+        if start == end:  # a row that is all shared prefix has no queries of its own
+            continue
         k, v = key[:, :, p + start: p + end], value[:, :, p + start: p + end]
         if p:
             k = torch.cat([key[:, :, :p], k], dim=2)

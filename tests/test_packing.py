@@ -14,7 +14,7 @@ from toolgym.harness.prefix import forward_logits
 from toolgym.tasks import builtin_suite
 from toolgym.trainers import batching
 from toolgym.trainers.batching import pack, sequence_logprobs
-from toolgym.trainers.learner import Learner, LearnerConfig
+from toolgym.trainers.learner import Learner, LearnerConfig, LoraSettings, apply_lora
 
 
 def _batch(vocab: int, prefix: int, lengths=(5, 17, 9, 30)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -98,9 +98,20 @@ def test_a_model_that_drops_the_segments_fails_loudly_and_trains_padded(tiny_dir
     assert batching._PACKING_REFUSED[_DropsKeywords]  # not tried again for this class
 
 
-def test_sft_steps_packed_and_padded_learn_the_same(tiny_dir):
+def test_a_row_that_is_all_shared_prefix_has_no_segment_of_its_own(tiny_dir):
+    model = HFPolicy(tiny_dir, device="cpu", dtype="fp32").model
+    ids, attention, keep = _batch(model.config.vocab_size, 30, lengths=(0, 12, 7))
+    assert int(attention[0].sum()) == 30  # row 0 is the others' shared prefix and nothing more
+    with torch.no_grad():
+        padded = forward_logits(model, ids, attention, keep)
+        packed = packed_logits(model, ids, attention, keep)
+    assert (packed - padded).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_sft_steps_packed_and_padded_learn_the_same(tiny_dir, lora):
     """The learner's SFT step on demonstrations of different lengths: the same loss and the same
-    update with or without padding."""
+    update with or without padding (with LoRA, through peft's wrapper)."""
     tokenizer = HFPolicy(tiny_dir, device="cpu", dtype="fp32").tokenizer
     demos = collect_demonstrations(builtin_suite("records").split("train").tasks[:6], tokenizer,
                                    lambda *a: toolgym.make("records-v0").unwrapped, progress=False)
@@ -110,7 +121,11 @@ def test_sft_steps_packed_and_padded_learn_the_same(tiny_dir):
     results = []
     for packing in (True, False):
         policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
-        learner = Learner(policy.model, LearnerConfig(lr=1e-3, packing=packing))
+        settings = LoraSettings(r=4, alpha=8) if lora else None
+        if settings:
+            torch.manual_seed(0)  # the adapters' initial weights, the same in both arms
+            policy.model = apply_lora(policy.model, settings)
+        learner = Learner(policy.model, LearnerConfig(lr=1e-3, packing=packing, lora=settings))
         metrics = learner.sft_step(batch)
         results.append((metrics["sft_loss"], torch.cat([p.detach().flatten() for p in policy.model.parameters()])))
     (loss_packed, weights_packed), (loss_padded, weights_padded) = results
