@@ -115,16 +115,18 @@ def _packed_attention(model: torch.nn.Module) -> Iterator[None]:
 def packed_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
                   keep: torch.Tensor) -> torch.Tensor | None:
     """The logits at `keep` (bool, B x T) of a right-padded batch, (N, V) in row-major order, as
-    `prefix.forward_logits` gives them, computed without padding. None when the batch does not
-    suit packing (a kept position inside the shared prefix): use the padded forward then. Raises
+    `prefix.forward_logits` gives them, computed without padding. The prefix run once ends before
+    the first kept position (the rows' answers run in their segments even where they start
+    alike). None when a kept position lies on padding: use the padded forward then. Raises
     `PackingUnsupported` for a model that does not pass the segments down."""
     rows, width = ids.shape
     lengths = attention.sum(1).tolist()
     shared = min(shared_prefix_length(ids, attention), width - 1) if rows > 1 else 0
+    kept_columns = keep.any(0).nonzero()
+    if len(kept_columns):  # a GRPO group's answers often start alike: their common start is not prefix
+        shared = min(shared, int(kept_columns[0]))
     if shared < MIN_SHARED:
         shared = 0
-    if shared and bool(keep[:, :shared].any()):
-        return None
     tails = [slice(shared, n) for n in lengths]
     packed_ids = torch.cat([ids[i, s] for i, s in enumerate(tails)]).unsqueeze(0)
     positions = torch.cat([torch.arange(s.start, s.stop, device=ids.device) for s in tails]).unsqueeze(0)

@@ -52,6 +52,22 @@ def test_packed_logits_and_gradients_equal_the_padded_forward(tiny_dir, prefix):
     assert model.config._attn_implementation == "sdpa"  # the model's own attention is back
 
 
+def test_answers_that_start_alike_are_packed_from_their_first_trained_token(tiny_dir):
+    """A GRPO group: one prompt, answers whose first tokens agree. The prefix run once stops at
+    the first trained position, and the answers run packed (not the padded fallback)."""
+    model = HFPolicy(tiny_dir, device="cpu", dtype="fp32").model
+    ids, attention, keep = _batch(model.config.vocab_size, 40, lengths=(25, 31, 22))
+    ids[:, 40:50] = ids[0, 40:50]  # every answer starts with the same 10 tokens
+    keep[:] = False
+    for i, n in enumerate(attention.sum(1).tolist()):
+        keep[i, 39: n - 1] = True  # the answer's tokens, from its first one (predicted at column 39)
+    padded, g_padded = _logits_and_grads(model, forward_logits, ids, attention, keep)
+    packed, g_packed = _logits_and_grads(model, packed_logits, ids, attention, keep)
+    assert (packed - padded).abs().max() < 1e-4
+    for name in g_padded:
+        assert torch.allclose(g_padded[name], g_packed[name], rtol=1e-3, atol=1e-6), name
+
+
 def test_a_row_never_sees_another_row(tiny_dir):
     """Changing one row's tokens leaves every other row's packed logits as they were."""
     model = HFPolicy(tiny_dir, device="cpu", dtype="fp32").model
