@@ -138,6 +138,13 @@ def main() -> None:
     if dtype != torch.float32:
         one["generate_bf16"] = best_rate(lambda: generate_episode(same, prompts, args.new, 1, pad, observations),
                                          args.repeats)
+    if policy.whole_buffer_at > 0:
+        # bf16 on a CPU: the same turns with attention over the filled KV columns only (a view the
+        # bf16 matmul copies every step) instead of the whole buffer (`kv_cache.BufferLayer`)
+        whole, policy.whole_buffer_at = policy.whole_buffer_at, 0.0
+        one[f"toolgym_{precision.dtype}_filled_only"] = best_rate(
+            lambda: toolgym_episode(policy, prompts, args.new, 1, False, observations), args.repeats)
+        policy.whole_buffer_at = whole
     mine = one[f"toolgym_{precision.dtype}"]["tokens_per_s"]
     base = one["generate_fp32"]["tokens_per_s"]
     print("one turn:")
@@ -145,6 +152,10 @@ def main() -> None:
         print(f"  {label:<22} {r['tokens_per_s']:6.0f} new tok/s  ({r['tokens_per_s'] / base:.2f}x generate fp32; "
               f"{r['tokens_per_s'] * 2 * params / 1e9:.1f} GFLOP/s of model work, MFU {mfu(r['tokens_per_s']):.0%})")
 
+    filled = one.get(f"toolgym_{precision.dtype}_filled_only")
+    if filled:
+        print(f"  attending over the whole KV buffer once half full: {mine / filled['tokens_per_s']:.2f}x "
+              f"the filled columns only")
     generate_label = f"generate_{precision.dtype}"
     multi = {
         "toolgym_episode_kv": best_rate(lambda: toolgym_episode(policy, prompts, args.new, args.turns, True,

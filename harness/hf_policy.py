@@ -36,6 +36,9 @@ GATHER_MAX_S = 2.0
 #: A prefill chunk takes rows up to this many times its shortest row's new tokens (see
 #: `HFPolicy._forward_by_length`): padding wastes at most a fifth of a chunk's compute.
 PAD_SLACK = 1.25
+#: Filled share of a batch's KV buffer from which a bf16 CPU decoding step attends over the whole
+#: buffer rather than copying a view of the filled columns (see `kv_cache.BufferLayer`).
+WHOLE_BUFFER_AT = 0.5
 
 
 @dataclass
@@ -155,6 +158,9 @@ class HFPolicy:
         #: When more requests wait than a batch holds, the next batch also waits for the episodes
         #: that start as the answered ones end, not a batch of the leftovers alone (`_gather`).
         self.refill_batches = True
+        #: bf16 on a CPU: a decoding step attends over the whole KV buffer once its filled
+        #: columns reach this share of it (`kv_cache.BufferLayer.whole_buffer_at`; 0: never).
+        self.whole_buffer_at = WHOLE_BUFFER_AT if self._keys_transposed else 0.0
         layers, heads, dim = _kv_shape(self.model)
         self._kv_token_bytes = 2 * layers * heads * dim * torch.finfo(dtype).bits // 8
         self.batch_bytes = int(batch_gb * 2**30)
@@ -296,7 +302,10 @@ class HFPolicy:
                           logits_to_keep=1, **{cache_kwarg(self.model): cache})
 
     def _new_cache(self, rows: int, capacity: int) -> Any:
-        return buffer_cache(rows, _kv_shape(self.model), capacity, self.dtype, self.device, self._keys_transposed)
+        cache = buffer_cache(rows, _kv_shape(self.model), capacity, self.dtype, self.device, self._keys_transposed)
+        for layer in cache.layers:
+            layer.whole_buffer_at = self.whole_buffer_at
+        return cache
 
     def _shared_prefix(self, prompts: list[list[int]]) -> tuple[int, Any]:
         """The rows' common leading tokens (the system prompt and tool list, a GRPO group's task)

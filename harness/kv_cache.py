@@ -48,6 +48,9 @@ class BufferLayer(DynamicLayer):
         self.key_buffer = torch.zeros(key_shape, dtype=dtype, device=device)
         self.value_buffer = torch.zeros((rows, heads, capacity, dim), dtype=dtype, device=device)
         self.length = 0
+        #: Filled share of the capacity from which a one-token step attends over the whole buffer
+        #: (0: never). Set by the policy for the bf16 CPU layout (`keys_transposed`).
+        self.whole_buffer_at = 0.0
         self.device = device
         self.is_initialized = True
         self._views()
@@ -101,15 +104,25 @@ class BufferLayer(DynamicLayer):
         self.length = length
         self._views()
 
+    def _whole_buffer(self, query_length: int) -> bool:
+        """Whether a forward of `query_length` new tokens attends over the whole buffer."""
+        filled = self.length + query_length
+        return (query_length == 1 and self.whole_buffer_at > 0 and filled <= self.capacity
+                and filled >= self.whole_buffer_at * self.capacity)
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append `key_states`/`value_states` (batch, heads, q, head_dim) in place."""
+        """Append `key_states`/`value_states` (batch, heads, q, head_dim) in place; return the
+        keys and values attention reads (the filled columns, or the whole buffer)."""
         q = key_states.shape[-2]
+        whole = self._whole_buffer(q)
         if self.length + q > self.capacity:
             self._grow(self.length + q)
         self._key_columns(self.length, self.length + q)[:] = key_states
         self.value_buffer[:, :, self.length: self.length + q] = value_states
         self.length += q
         self._views()
+        if whole:
+            return self._key_columns(0, self.capacity), self.value_buffer
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -117,7 +130,10 @@ class BufferLayer(DynamicLayer):
         return self.length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """Attention covers the filled columns and the `query_length` about to be written."""
+        """Attention covers the filled columns and the `query_length` about to be written (or
+        the whole buffer, see `update`)."""
+        if self._whole_buffer(query_length):
+            return self.capacity, 0
         return self.length + query_length, 0
 
     def get_max_length(self) -> int:

@@ -139,3 +139,36 @@ def test_grouped_query_attention_equals_sdpa():
     want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=8 ** -0.5)
     assert got.shape == want.shape == (2, 1, 6, 8)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_a_decoding_step_attends_over_the_whole_buffer_once_it_is_filled_enough():
+    layer = BufferLayer(2, 3, 4, 8, torch.float32, torch.device("cpu"), keys_transposed=True)
+    layer.whole_buffer_at = 0.5
+    layer.update(torch.randn(2, 3, 2, 4), torch.randn(2, 3, 2, 4))  # a prefill: the filled columns only
+    assert layer.get_mask_sizes(1) == (3, 0)  # 3 of 8 filled after the step: below half
+    keys, values = layer.update(torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4))
+    assert keys.shape == values.shape == (2, 3, 3, 4)
+    assert layer.get_mask_sizes(1) == (8, 0) and layer.get_mask_sizes(2) == (5, 0)  # one token only
+    new_k = torch.randn(2, 3, 1, 4)
+    keys, values = layer.update(new_k, torch.randn(2, 3, 1, 4))
+    assert keys.shape == values.shape == (2, 3, 8, 4)  # the whole buffer, unwritten columns still 0
+    assert torch.equal(keys[:, :, 3:4], new_k) and not keys[:, :, 4:].any() and not values[:, :, 4:].any()
+    assert layer.get_seq_length() == 4 and layer.keys.shape == (2, 3, 4, 4)
+
+
+def test_whole_buffer_decoding_generates_what_the_filled_columns_generate(tiny_dir):
+    """The columns not yet written are masked (causality over the whole buffer), so attending
+    over them changes nothing: same tokens and logprobs, rows of different lengths (left
+    padding), sampled and across a cached second turn, in fp32 (SDPA) and bf16 (the CPU matmul
+    path, `harness/cpu_attention.py`)."""
+    for dtype, tolerance in (("fp32", 1e-4), ("bf16", 2e-2)):
+        runs = []
+        for share in (0.0, 1e-6):
+            policy = HFPolicy(tiny_dir, device="cpu", dtype=dtype)
+            policy.whole_buffer_at = share
+            _, _, out = _two_turns(policy, [f"ep{i}" for i in range(4)])
+            assert policy.kv.reused_tokens > 0
+            runs.append(out)
+        for filled, whole in zip(*runs):
+            assert filled.token_ids == whole.token_ids
+            assert max(abs(a - b) for a, b in zip(filled.logprobs, whole.logprobs)) < tolerance
