@@ -453,6 +453,57 @@ def test_a_stratified_screened_draw_takes_one_task_per_family(tmp_path):
         campaign.close()
 
 
+def test_skipped_families_are_never_demonstrated(tiny_policy):
+    """`sft.skip_families`: the first N train tasks of the other families are demonstrated (N of
+    them still), none of a skipped family, so SFT and the anchor never show what those ask."""
+    from rich.console import Console
+
+    from toolgym.trainers.sft import oracle_demonstrations
+
+    train = {t.id: t for t in builtin_suite("bfcl").tasks if t.split == "train"}
+    assert any(t.family == "irrelevance" for t in list(train.values())[:12])
+    demos, checks = oracle_demonstrations({"bfcl": train}, 12, tiny_policy.tokenizer,
+                                          lambda env_id: toolgym.make(env_id).unwrapped, 4, False,
+                                          Console(quiet=True), ("irrelevance",))
+    expected = [t.id for t in train.values() if t.family != "irrelevance"][:12]
+    assert sorted(d.task_id for d in demos) == sorted(expected)
+    assert checks["bfcl"] == {"oracle_pass_rate": 1.0, "infra_errors": 0, "episodes": 12}
+
+
+def test_a_task_that_declining_passes_is_screened_by_the_chance_of_not_opening_a_call(tiny_policy):
+    """BFCL irrelevance: any answer without a call passes, so its predicted pass rate is 1 - p(the
+    answer opens with `<tool_call>`), from a plain forward over prompt + opener; a calling task's is
+    still p(its reference). The oracle's fixed declining sentence is never what is scored."""
+    from toolgym.envs.parsing import OPEN
+    from toolgym.trainers.screening import ReferenceScreen
+
+    suite = builtin_suite("bfcl")
+    irrelevant = next(t for t in suite.tasks if t.family == "irrelevance" and t.split == "train")
+    calling = next(t for t in suite.tasks if t.family == "simple_python" and t.split == "train")
+    screen = ReferenceScreen(tiny_policy.tokenizer, lambda env_id: toolgym.make(env_id).unwrapped, declines=True)
+    model = tiny_policy.model
+    predicted = screen.predicted_pass_rates(model, [irrelevant, calling], tiny_policy.pad_id)
+    assert screen.declines == {irrelevant.id}
+
+    def p_of(ids: list[int], mask: list[int]) -> float:
+        """The probability of the masked tokens of `ids` under a plain forward."""
+        tokens = torch.tensor([ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=tokens).logits[0, :-1].float(), -1)
+        picked = logp.gather(1, tokens[0, 1:, None])[:, 0]
+        return float((picked * torch.tensor(mask[1:], dtype=torch.float32)).sum().exp())
+
+    reference = screen.references[irrelevant.id]
+    prompt = reference.token_ids[: reference.loss_mask.index(1)]
+    opener = tiny_policy.tokenizer.encode(OPEN, add_special_tokens=False)
+    p_call = p_of(prompt + opener, [0] * len(prompt) + [1] * len(opener))
+    assert predicted[irrelevant.id] == pytest.approx(1 - p_call, abs=1e-4)
+    assert predicted[irrelevant.id] != pytest.approx(p_of(reference.token_ids, reference.loss_mask), abs=1e-3)
+    ref = screen.references[calling.id]
+    by_hand = p_of(ref.token_ids, ref.loss_mask)
+    assert 0 < predicted[calling.id] == pytest.approx(by_hand, rel=1e-3)
+
+
 def test_the_screen_scores_references_with_the_sampling_model_and_keeps_the_most_learnable(tmp_path):
     """`sampler.screen: 3`: three candidates per task needed, each reference solution scored by the
     model rollouts sample from (the sum of its policy tokens' log-probabilities, as a plain forward

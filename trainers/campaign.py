@@ -51,7 +51,7 @@ from toolgym.trainers.memory import release_memory
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.ray_backend import ray_runner, start_ray
 from toolgym.trainers.sampler import LearnabilitySampler
-from toolgym.trainers.screening import ReferenceScreen, predicted_pass_rate
+from toolgym.trainers.screening import ReferenceScreen
 from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_learning_rate, sft_progress
 from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics
 from toolgym.verifiers import Outcome
@@ -400,7 +400,7 @@ class Campaign:
         if self.demos is None:
             self.demos, checks = oracle_demonstrations(self.train_tasks, self.config.sft.demos_per_suite, self.tokenizer,
                                                        self.make_env, self.config.rollout.concurrency, self.progress,
-                                                       self.console)
+                                                       self.console, tuple(self.config.sft.skip_families))
             assert self.metrics is not None
             if not any(r.get("kind") == "oracle" for r in read_metrics(self.run_dir)):
                 self.metrics.log(0, checks, kind="oracle")
@@ -451,14 +451,14 @@ class Campaign:
             return drawn
         start = time.perf_counter()
         if self._screen is None:
-            self._screen = ReferenceScreen(self.tokenizer, self.make_env, self.config.rollout.concurrency)
+            self._screen = ReferenceScreen(self.tokenizer, self.make_env, self.config.rollout.concurrency,
+                                           declines=self.config.sampler.screen_declines)
             # the SFT stage already played these tasks' oracles: their demonstrations are the references
             self._screen.references.update({d.task_id: d for d in self.demos or []})
         tasks = [self.train_tasks[suite][i] for i in over]
-        logps = self._screen.log_probabilities(self.screen_model(), tasks, self.policy.pad_id,
-                                               self.config.rollout.max_total_tokens,
-                                               temperature=self.config.rollout.temperature)
-        predicted = {i: predicted_pass_rate(lp) for i, lp in logps.items()}
+        predicted = self._screen.predicted_pass_rates(self.screen_model(), tasks, self.policy.pad_id,
+                                                      self.config.rollout.max_total_tokens,
+                                                      temperature=self.config.rollout.temperature)
         sampler = self.samplers[suite]
         kept = {family: sampler.keep_screened(ids, quotas[family], predicted) if len(ids) > quotas[family] else ids
                 for family, ids in drawn.items()}

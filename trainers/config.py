@@ -71,6 +71,8 @@ class SFTSettings(_Strict):
                           "step (linear: transformers' Trainer default; cosine)")
     warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup from 0 before the schedule")
     demos_per_suite: int = Field(default=256, ge=1, description="demonstrations from the first N train tasks")
+    skip_families: list[str] = Field(default_factory=list, description="task families never demonstrated (SFT "
+                                     "and rl.sft_anchor): what their tasks ask is left to the reward")
 
 
 class RLSettings(_Strict):

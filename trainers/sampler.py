@@ -88,6 +88,10 @@ class SamplerConfig(BaseModel):
                         "variance (trainers/screening.py); 0 or 1 = off")
     screen_strength: float = Field(default=8.0, gt=0.0, description="a screened task's predicted pass rate "
                                    "counts as this many attempts (it replaces the family's pooled evidence)")
+    screen_declines: bool = Field(default=False, description="a task that any answer without a call passes "
+                                  "(BFCL irrelevance) is screened by 1 - p(the answer opens a call) instead of "
+                                  "p(its oracle's fixed sentence), which a policy that declines in its own words "
+                                  "never says (trainers/screening.py)")
     stratify: bool = Field(default=False, description="split each draw evenly across the suite's families (the "
                            "groups), the weights choosing within each family: no family is left out of a step "
                            "because it passes often (a family the policy has mastered still holds its ground)")

@@ -14,6 +14,14 @@ by predicted p(1-p), 6% came back with zero reward variance against 76% of the b
 `ReferenceScreen` keeps each task's reference (the oracle played once through its environment and
 verifier; a task whose oracle fails or is missing has none and is never screened) and scores a
 list of tasks with a model in one batched, gradient-free pass.
+
+A task that any answer without a call passes (`env.nothing_solves`: BFCL's irrelevance) has no one
+reference: every way of declining passes, and the oracle's fixed sentence is only one of them
+(a policy never shown it declines in its own words, and that sentence's probability says nothing
+about how often). Its pass rate is read from the probability that the answer opens a tool call
+(`envs.parsing.OPEN`, scored in the same pass): predicted pass = 1 - p(opener). Opt-in
+(`sampler.screen_declines`): the main job's SFT demonstrates that sentence, and its figures were
+measured with it scored like any reference.
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ from typing import Any, Callable
 
 import torch
 
+from toolgym.envs.parsing import OPEN
 from toolgym.harness.demonstrations import collect_demonstrations
-from toolgym.harness.trajectory import Trajectory
+from toolgym.harness.trajectory import Segment, Trajectory
 from toolgym.tasks import Task
 from toolgym.trainers.batching import micro_batches, pack, select, sequence_logprobs
 from toolgym.verifiers import Outcome
@@ -36,15 +45,30 @@ SCREEN_TOKEN_BUDGET = 16384
 class ReferenceScreen:
     """Reference demonstrations per task and their log-probability under a model."""
 
-    def __init__(self, tokenizer: Any, make_env: Callable[[str], Any], concurrency: int = 16) -> None:
+    def __init__(self, tokenizer: Any, make_env: Callable[[str], Any], concurrency: int = 16,
+                 declines: bool = False) -> None:
         self.tokenizer = tokenizer
         self.make_env = make_env
         self.concurrency = concurrency
+        #: score tasks that declining passes by the call opener (`sampler.screen_declines`; False:
+        #: by their oracle's sentence, like any reference)
+        self.score_declines = declines
         #: task id -> its passing oracle demonstration, or None (no oracle, or it failed)
         self.references: dict[str, Trajectory | None] = {}
+        #: task ids that any answer without a call passes: scored by the call opener's probability
+        self.declines: set[str] = set()
+        self._judged: set[str] = set()
+        self._envs: dict[str, Any] = {}  # one environment per env id answers `nothing_solves`
 
     def ensure(self, tasks: list[Task]) -> None:
         """Play the oracle once on every task that has no reference yet."""
+        for task in tasks:
+            if self.score_declines and task.id not in self._judged:
+                if task.env_id not in self._envs:
+                    self._envs[task.env_id] = self.make_env(task.env_id)
+                if self._envs[task.env_id].nothing_solves(task):
+                    self.declines.add(task.id)
+                self._judged.add(task.id)
         missing = [t for t in tasks if t.id not in self.references]
         if not missing:
             return
@@ -63,7 +87,9 @@ class ReferenceScreen:
         known = [t.id for t in tasks if self.references.get(t.id) is not None]
         if not known:
             return {}
-        batch = pack([self.references[i] for i in known], [0.0] * len(known), pad_id, max_len)  # type: ignore[misc]
+        rows = [self.opener(self.references[i]) if i in self.declines else self.references[i]  # type: ignore[arg-type]
+                for i in known]
+        batch = pack(rows, [0.0] * len(known), pad_id, max_len)
         device = next(model.parameters()).device
         lengths = batch.attention.sum(1).tolist()
         out: dict[str, float] = {}
@@ -75,6 +101,26 @@ class ReferenceScreen:
                 sums = (logp.float() * mb.mask).sum(1).tolist()
                 out.update({known[i]: s for i, s in zip(group, sums)})
         return out
+
+    def predicted_pass_rates(self, model: torch.nn.Module, tasks: list[Task], pad_id: int,
+                             max_len: int | None = None, temperature: float = 1.0) -> dict[str, float]:
+        """Each screened task's predicted pass rate: p(reference), or 1 - p(a call opens) for a
+        task that declining passes (see the module docstring)."""
+        logps = self.log_probabilities(model, tasks, pad_id, max_len, temperature)
+        return {i: 1.0 - predicted_pass_rate(lp) if i in self.declines else predicted_pass_rate(lp)
+                for i, lp in logps.items()}
+
+    def opener(self, reference: Trajectory) -> Trajectory:
+        """`reference`'s prompt followed by the tokens that open a tool call, as the policy's:
+        their log-probability is that of the answer starting with a call."""
+        head: list[Segment] = []
+        for segment in reference.segments:
+            if segment.kind == "policy":
+                break
+            head.append(segment)
+        ids = self.tokenizer.encode(OPEN, add_special_tokens=False)
+        return reference.model_copy(update={"segments": [*head, Segment(kind="policy", token_ids=ids,
+                                                                      logprobs=[0.0] * len(ids))]})
 
 
 def predicted_pass_rate(log_probability: float) -> float:

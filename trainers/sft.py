@@ -18,11 +18,13 @@ from toolgym.verifiers import Outcome
 
 def oracle_demonstrations(train_tasks: dict[str, dict[str, Task]], per_suite: int, tokenizer: Any,
                           make_env: Callable[..., Any], concurrency: int, progress: bool,
-                          console: Console) -> tuple[list[Trajectory], dict[str, Any]]:
-    """The oracle played on the first `per_suite` train tasks of every suite, rendered as the
-    policy's tokens: (the passing demonstrations, per-suite oracle pass rate and infra errors).
-    Raises when none passes: the environments, not the model, are broken then."""
-    tasks = [t for suite in train_tasks.values() for t in list(suite.values())[:per_suite]]
+                          console: Console, skip_families: tuple[str, ...] = ()) -> tuple[list[Trajectory], dict[str, Any]]:
+    """The oracle played on the first `per_suite` train tasks of every suite (leaving out the
+    families in `skip_families`), rendered as the policy's tokens: (the passing demonstrations,
+    per-suite oracle pass rate and infra errors). Raises when none passes: the environments, not
+    the model, are broken then."""
+    tasks = [t for suite in train_tasks.values()
+             for t in [t for t in suite.values() if t.family not in skip_families][:per_suite]]
     console.print(f"SFT: collecting {len(tasks)} oracle demonstrations")
     played = collect_demonstrations(tasks, tokenizer, make_env, progress=progress, concurrency=concurrency)
     checks: dict[str, Any] = {}
