@@ -58,17 +58,18 @@ class ReferenceScreen:
         #: task ids that any answer without a call passes: scored by the call opener's probability
         self.declines: set[str] = set()
         self._judged: set[str] = set()
-        self._envs: dict[str, Any] = {}  # one environment per env id answers `nothing_solves`
 
     def ensure(self, tasks: list[Task]) -> None:
-        """Play the oracle once on every task that has no reference yet."""
-        for task in tasks:
-            if self.score_declines and task.id not in self._judged:
-                if task.env_id not in self._envs:
-                    self._envs[task.env_id] = self.make_env(task.env_id)
-                if self._envs[task.env_id].nothing_solves(task):
-                    self.declines.add(task.id)
-                self._judged.add(task.id)
+        """Play the oracle once on every task that has no reference yet; with `score_declines`,
+        note the tasks that declining passes (asked of one environment per env id, then closed)."""
+        fresh = [t for t in tasks if self.score_declines and t.id not in self._judged]
+        for env_id in sorted({t.env_id for t in fresh}):  # one environment per env id answers for its tasks
+            env = self.make_env(env_id)
+            try:
+                self.declines.update(t.id for t in fresh if t.env_id == env_id and env.nothing_solves(t))
+            finally:
+                env.close()
+        self._judged.update(t.id for t in fresh)
         missing = [t for t in tasks if t.id not in self.references]
         if not missing:
             return
