@@ -83,7 +83,8 @@ class ReferenceScreen:
     def log_probabilities(self, model: torch.nn.Module, tasks: list[Task], pad_id: int,
                           max_len: int | None = None, temperature: float = 1.0) -> dict[str, float]:
         """log p(reference | task) under `model` sampled at `temperature`, summed over the
-        reference's policy tokens, for every task that has a reference (the others are left out)."""
+        reference's policy tokens, for every task that has a reference (the others are left out);
+        for a task that declining passes (`declines`), log p(the answer opens a call) instead."""
         self.ensure(tasks)
         known = [t.id for t in tasks if self.references.get(t.id) is not None]
         if not known:
