@@ -23,8 +23,10 @@ def oracle_demonstrations(train_tasks: dict[str, dict[str, Task]], per_suite: in
     families in `skip_families`), rendered as the policy's tokens: (the passing demonstrations,
     per-suite oracle pass rate and infra errors). Raises when none passes: the environments, not
     the model, are broken then."""
-    tasks = [t for suite in train_tasks.values()
-             for t in [t for t in suite.values() if t.family not in skip_families][:per_suite]]
+    def demonstrated(suite: dict[str, Task]) -> list[Task]:
+        return [t for t in suite.values() if t.family not in skip_families][:per_suite]
+
+    tasks = [t for suite in train_tasks.values() for t in demonstrated(suite)]
     console.print(f"SFT: collecting {len(tasks)} oracle demonstrations")
     played = collect_demonstrations(tasks, tokenizer, make_env, progress=progress, concurrency=concurrency)
     checks: dict[str, Any] = {}
