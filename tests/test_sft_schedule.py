@@ -81,3 +81,9 @@ def test_the_sft_stage_logs_the_scheduled_rate_of_every_step(tmp_path):
 def test_a_bad_schedule_is_named(tmp_path):
     with pytest.raises(ConfigError, match="sft.schedule"):
         load_config(_config(tmp_path, {"schedule": "exponential"}))
+
+
+def test_a_negative_family_limit_is_named(tmp_path):
+    """`sft.family_limits` below 0 is a config error naming the field, not a silent empty family."""
+    with pytest.raises(ConfigError, match="family_limits"):
+        load_config(_config(tmp_path, {"family_limits": {"irrelevance": -1}}))

@@ -470,6 +470,26 @@ def test_skipped_families_are_never_demonstrated(tiny_policy):
     assert checks["bfcl"] == {"oracle_pass_rate": 1.0, "infra_errors": 0, "episodes": 12}
 
 
+def test_a_limited_family_gives_at_most_its_limit_and_the_others_fill_the_rest(tiny_policy):
+    """`sft.family_limits`: a family gives at most its limit of demonstrations (its first tasks in
+    the suite's order), and the other families fill the suite's count, so SFT shows a little of
+    what that family asks and leaves the rest to the reward."""
+    from rich.console import Console
+
+    from toolgym.trainers.sft import oracle_demonstrations
+
+    train = {t.id: t for t in builtin_suite("bfcl").tasks if t.split == "train"}
+    first = list(train.values())[:16]
+    assert sum(t.family == "irrelevance" for t in first) >= 3
+    demos, checks = oracle_demonstrations({"bfcl": train}, 16, tiny_policy.tokenizer,
+                                          lambda env_id: toolgym.make(env_id).unwrapped, 4, False,
+                                          Console(quiet=True), family_limits={"irrelevance": 2})
+    irrelevant = [t.id for t in train.values() if t.family == "irrelevance"][:2]
+    others = [t.id for t in train.values() if t.family != "irrelevance"][:14]
+    assert sorted(d.task_id for d in demos) == sorted(irrelevant + others)
+    assert checks["bfcl"]["episodes"] == 16
+
+
 def test_a_task_that_declining_passes_is_screened_by_the_chance_of_not_opening_a_call(tiny_policy):
     """BFCL irrelevance: any answer without a call passes, so its predicted pass rate is 1 - p(the
     answer opens with `<tool_call>`), from a plain forward over prompt + opener; a calling task's is

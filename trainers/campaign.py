@@ -400,7 +400,8 @@ class Campaign:
         if self.demos is None:
             self.demos, checks = oracle_demonstrations(self.train_tasks, self.config.sft.demos_per_suite, self.tokenizer,
                                                        self.make_env, self.config.rollout.concurrency, self.progress,
-                                                       self.console, tuple(self.config.sft.skip_families))
+                                                       self.console, tuple(self.config.sft.skip_families),
+                                                       self.config.sft.family_limits)
             assert self.metrics is not None
             if not any(r.get("kind") == "oracle" for r in read_metrics(self.run_dir)):
                 self.metrics.log(0, checks, kind="oracle")

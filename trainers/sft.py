@@ -18,13 +18,25 @@ from toolgym.verifiers import Outcome
 
 def oracle_demonstrations(train_tasks: dict[str, dict[str, Task]], per_suite: int, tokenizer: Any,
                           make_env: Callable[..., Any], concurrency: int, progress: bool,
-                          console: Console, skip_families: tuple[str, ...] = ()) -> tuple[list[Trajectory], dict[str, Any]]:
+                          console: Console, skip_families: tuple[str, ...] = (),
+                          family_limits: dict[str, int] | None = None) -> tuple[list[Trajectory], dict[str, Any]]:
     """The oracle played on the first `per_suite` train tasks of every suite (leaving out the
-    families in `skip_families`), rendered as the policy's tokens: (the passing demonstrations,
-    per-suite oracle pass rate and infra errors). Raises when none passes: the environments, not
-    the model, are broken then."""
+    families in `skip_families`, and taking at most `family_limits[f]` tasks of family f: the
+    rest are filled from the other families), rendered as the policy's tokens: (the passing
+    demonstrations, per-suite oracle pass rate and infra errors). Raises when none passes: the
+    environments, not the model, are broken then."""
+    limits = {**(family_limits or {}), **{family: 0 for family in skip_families}}
+
     def demonstrated(suite: dict[str, Task]) -> list[Task]:
-        return [t for t in suite.values() if t.family not in skip_families][:per_suite]
+        taken: list[Task] = []
+        per_family: dict[str, int] = {}
+        for task in suite.values():
+            if len(taken) == per_suite:
+                break
+            if per_family.get(task.family, 0) < limits.get(task.family, per_suite):
+                per_family[task.family] = per_family.get(task.family, 0) + 1
+                taken.append(task)
+        return taken
 
     tasks = [t for suite in train_tasks.values() for t in demonstrated(suite)]
     console.print(f"SFT: collecting {len(tasks)} oracle demonstrations")
