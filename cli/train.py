@@ -55,7 +55,12 @@ def _run(config, resume: bool, sft_only: bool = False) -> dict:
         if code != 0:
             raise CLIError(f"the training processes failed (exit {code}); see the messages above")
         return {}  # rank 0 printed the headline and wrote the report
-    campaign = Campaign(config, console=console)
+    from toolgym.trainers.config import ConfigError
+
+    try:
+        campaign = Campaign(config, console=console)
+    except ConfigError as err:  # what only the suites can tell (a family no task has)
+        raise CLIError(str(err)) from None
     return campaign.run(resume=resume, sft_only=sft_only)
 
 

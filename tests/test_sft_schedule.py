@@ -87,3 +87,13 @@ def test_a_negative_family_limit_is_named(tmp_path):
     """`sft.family_limits` below 0 is a config error naming the field, not a silent empty family."""
     with pytest.raises(ConfigError, match="family_limits"):
         load_config(_config(tmp_path, {"family_limits": {"irrelevance": -1}}))
+
+
+def test_a_family_no_train_task_has_is_named_before_anything_runs(tmp_path):
+    """A misspelt family in `sft.family_limits` would change nothing silently: the CLI says so in one
+    line, naming the families there are, and exits non-zero before any demonstration is played."""
+    out = run_cli("sft", str(_config(tmp_path, {"family_limits": {"irrelevence": 2}})), timeout=600)
+    assert out.returncode != 0
+    assert "no train task of family irrelevence" in out.stderr + out.stdout
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -73,9 +73,10 @@ class SFTSettings(_Strict):
     demos_per_suite: int = Field(default=256, ge=1, description="demonstrations from the first N train tasks")
     skip_families: list[str] = Field(default_factory=list, description="task families never demonstrated (SFT "
                                      "and rl.sft_anchor): what their tasks ask is left to the reward")
-    family_limits: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, description="at most N demonstrations of each named "
-                                          "family (the rest of demos_per_suite come from the other families): "
-                                          "enough for the policy to sample what they show, the rest left to the reward")
+    family_limits: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="at most N demonstrations of each named family (the rest of "
+        "demos_per_suite come from the other families): enough for the policy to sample what they show, "
+        "the rest left to the reward")
 
 
 class RLSettings(_Strict):

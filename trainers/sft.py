@@ -54,6 +54,12 @@ def oracle_demonstrations(train_tasks: dict[str, dict[str, Task]], per_suite: in
     return demos, checks
 
 
+def unknown_families(train_tasks: dict[str, dict[str, Task]], names: list[str]) -> list[str]:
+    """The names in `names` that no train task of any suite has as its family (in order, once)."""
+    families = {t.family for suite in train_tasks.values() for t in suite.values()}
+    return list(dict.fromkeys(n for n in names if n not in families))
+
+
 def sft_batches(demos: list[Trajectory], steps: int, batch_size: int, rng: np.random.Generator) -> Iterator[list[Trajectory]]:
     """`steps` batches of demonstrations: epochs in a fresh random order, no batch split across two."""
     order = rng.permutation(len(demos))
