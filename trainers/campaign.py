@@ -52,7 +52,7 @@ from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
 from toolgym.trainers.ray_backend import ray_runner, start_ray
 from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.trainers.screening import ReferenceScreen
-from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_learning_rate, sft_progress, unknown_families
+from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_learning_rate, sft_progress, train_families
 from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics
 from toolgym.verifiers import Outcome
 
@@ -154,11 +154,11 @@ class Campaign:
             tasks = self.suites[mix.suite].split("train").tasks
             tasks = tasks[: mix.train_tasks] if mix.train_tasks else tasks
             self.train_tasks[mix.suite] = {t.id: t for t in tasks}
-        named = [*config.sft.skip_families, *config.sft.family_limits]
-        if missing := unknown_families(self.train_tasks, named):  # a typo would silently change nothing
-            known = sorted({t.family for suite in self.train_tasks.values() for t in suite.values()})
+        families = train_families(self.train_tasks)
+        named = dict.fromkeys([*config.sft.skip_families, *config.sft.family_limits])
+        if missing := [name for name in named if name not in families]:  # a typo would silently change nothing
             raise ConfigError(f"sft.skip_families / sft.family_limits: no train task of family {', '.join(missing)} "
-                              f"(the train tasks' families: {', '.join(known)})")
+                              f"(the train tasks' families: {', '.join(sorted(families))})")
         self.samplers = {s: LearnabilitySampler(list(tasks), config.sampler, {i: t.family for i, t in tasks.items()})
                          for s, tasks in self.train_tasks.items()}
         self.safety = {full_id(mix.env): self._sandbox_config(mix).policy for mix in config.envs}

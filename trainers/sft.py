@@ -54,10 +54,9 @@ def oracle_demonstrations(train_tasks: dict[str, dict[str, Task]], per_suite: in
     return demos, checks
 
 
-def unknown_families(train_tasks: dict[str, dict[str, Task]], names: list[str]) -> list[str]:
-    """The names in `names` that no train task of any suite has as its family (in order, once)."""
-    families = {t.family for suite in train_tasks.values() for t in suite.values()}
-    return list(dict.fromkeys(n for n in names if n not in families))
+def train_families(train_tasks: dict[str, dict[str, Task]]) -> set[str]:
+    """Every family that a train task of some suite has."""
+    return {t.family for suite in train_tasks.values() for t in suite.values()}
 
 
 def sft_batches(demos: list[Trajectory], steps: int, batch_size: int, rng: np.random.Generator) -> Iterator[list[Trajectory]]:
