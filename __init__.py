@@ -4,19 +4,28 @@
     env = toolgym.make("records-v0")
     obs, info = env.reset(seed=0)
 
-Subpackages (data flows down this list): `tasks`, `sandbox` -> `envs`, `verifiers` -> `harness`
--> `trainers`.
+Subpackages (each imports only those before it): `tasks`, `sandbox` -> `verifiers` -> `envs`;
+`inference` (over `tasks`, `sandbox`) -> `harness` -> `trainers` -> `integrations`. See docs/design.md.
 """
 
-from toolgym.envs import InfraError, SandboxEnv, ToolEnv, ToolError, make, register_env, registered, tool
-from toolgym.envs.families.bfcl import BFCLGraded
-from toolgym.tasks import Task, TaskSuite, ToolCall
-from toolgym.verifiers import grade_final_state
+from toolgym import _moved
 
-# The package root wires the layers together: sandboxed environments grade with the real
-# verifiers (envs may not import verifiers themselves).
-SandboxEnv.default_grader = staticmethod(grade_final_state)
-BFCLGraded.default_grader = staticmethod(grade_final_state)
+_moved.install()  # old import paths of moved modules keep working (before anything imports them)
+
+from toolgym.envs import InfraError, SandboxEnv, ToolEnv, ToolError, make, register_env, registered, tool  # noqa: E402
+from toolgym.tasks import Task, TaskSuite, ToolCall  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["InfraError", "SandboxEnv", "Task", "TaskSuite", "ToolCall", "ToolEnv", "ToolError", "make", "register_env", "registered", "tool"]
+__all__ = [
+    "InfraError",
+    "SandboxEnv",
+    "Task",
+    "TaskSuite",
+    "ToolCall",
+    "ToolEnv",
+    "ToolError",
+    "make",
+    "register_env",
+    "registered",
+    "tool",
+]

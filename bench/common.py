@@ -22,14 +22,21 @@ def qwen2_from_config(layers: int, hidden: int, seed: int = 0):
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from toolgym.harness.tiny import build_tiny_policy
+    from toolgym.inference.tiny import build_tiny_policy
 
     tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_policy()))
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                         num_key_value_heads=max(1, hidden // 512), max_position_embeddings=4096,
-                         tie_word_embeddings=True, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 512),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config), tokenizer
 
@@ -37,7 +44,7 @@ def qwen2_from_config(layers: int, hidden: int, seed: int = 0):
 def first_prompt_ids(tokenizer, env, task) -> list[int]:
     """The token ids of `task`'s first prompt as a campaign renders it: `env` reset on the task,
     its tools and first observation through `tokenizer`'s chat template."""
-    from toolgym.harness.chat import ChatRenderer
+    from toolgym.inference.chat import ChatRenderer
 
     observation, info = env.reset(options={"task": task})
     renderer = ChatRenderer(tokenizer, tools=info.get("tools"))

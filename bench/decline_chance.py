@@ -47,15 +47,22 @@ def main() -> None:
     from toolgym.tasks import builtin_suite
 
     train = [t for t in builtin_suite("bfcl").tasks if t.split == "train" and t.family == "irrelevance"]
-    tasks = train[-args.tasks:]  # the last ones: the main job demonstrates the first ones
+    tasks = train[-args.tasks :]  # the last ones: the main job demonstrates the first ones
     results = {}
     for run in args.runs:
         chances = decline_chances(run / "sft-model", tasks)
-        results[str(run)] = {"tasks": len(chances), "mean": statistics.mean(chances),
-                             "median": statistics.median(chances), "max": max(chances)}
+        results[str(run)] = {
+            "tasks": len(chances),
+            "mean": statistics.mean(chances),
+            "median": statistics.median(chances),
+            "max": max(chances),
+        }
         r = results[str(run)]
-        print(f"{run}: p(no call) on {r['tasks']} train irrelevance prompts, T=1: mean {r['mean']:.4f}, "
-              f"median {r['median']:.4f}, largest {r['max']:.4f}", flush=True)
+        print(
+            f"{run}: p(no call) on {r['tasks']} train irrelevance prompts, T=1: mean {r['mean']:.4f}, "
+            f"median {r['median']:.4f}, largest {r['max']:.4f}",
+            flush=True,
+        )
     write_results("runs/bench/decline_chance.json", results)
 
 

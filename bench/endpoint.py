@@ -21,16 +21,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402  (bench/common.py)
-from toolgym.harness.chat import ChatRenderer
-from toolgym.harness.endpoint import Endpoint
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.policy import Generation, SamplingParams
-from toolgym.harness.tiny import build_tiny_policy
+
+from toolgym.inference.chat import ChatRenderer
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.inference.policy import Generation, SamplingParams
+from toolgym.inference.tiny import build_tiny_policy
+from toolgym.integrations.endpoint import Endpoint
 from toolgym.verifiers import Outcome
 
 CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
-                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 
 
 _LOOP = asyncio.new_event_loop()
@@ -99,18 +108,29 @@ def main() -> None:
     tok = tiny.tokenizer
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     results = {}
-    for name, policy, sampling in (("instant", Instant(tok, eot), SamplingParams(max_new_tokens=64)),
-                                   ("tiny", tiny, SamplingParams(max_new_tokens=24, temperature=1.0))):
+    for name, policy, sampling in (
+        ("instant", Instant(tok, eot), SamplingParams(max_new_tokens=64)),
+        ("tiny", tiny, SamplingParams(max_new_tokens=24, temperature=1.0)),
+    ):
         turns = args.turns if name == "instant" else max(8, args.turns // 4)
         a, b = [], []
         for _ in range(args.rounds):
             a.append(direct(policy, tok, turns, sampling))
             b.append(through_endpoint(policy, tok, turns, sampling))
         d, e = statistics.median(a), statistics.median(b)
-        results[name] = {"direct_ms": d * 1000, "endpoint_ms": e * 1000, "overhead_ms": (e - d) * 1000,
-                         "ratio": e / d, "turns": turns, "rounds": args.rounds}
-        print(f"{name:8} per turn: direct {d * 1000:.1f} ms, through the endpoint {e * 1000:.1f} ms "
-              f"(+{(e - d) * 1000:.1f} ms, {e / d:.2f}x; median of {args.rounds} rounds of {turns} turns)", flush=True)
+        results[name] = {
+            "direct_ms": d * 1000,
+            "endpoint_ms": e * 1000,
+            "overhead_ms": (e - d) * 1000,
+            "ratio": e / d,
+            "turns": turns,
+            "rounds": args.rounds,
+        }
+        print(
+            f"{name:8} per turn: direct {d * 1000:.1f} ms, through the endpoint {e * 1000:.1f} ms "
+            f"(+{(e - d) * 1000:.1f} ms, {e / d:.2f}x; median of {args.rounds} rounds of {turns} turns)",
+            flush=True,
+        )
     write_results(args.out, results)
 
 

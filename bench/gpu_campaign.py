@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import qwen2_from_config, write_results  # noqa: E402  (bench/common.py)
+
 from toolgym.trainers.campaign import Campaign  # noqa: E402
 from toolgym.trainers.checkpoint import read_metrics  # noqa: E402
 from toolgym.trainers.config import CampaignConfig  # noqa: E402
@@ -56,18 +57,27 @@ def main() -> None:
     learner = {"lr": 1e-5, "loss": "ppo", "agg": "token-mean", "kl_beta": 0.0}  # token_budget: auto
     if args.lora:
         learner["lora"] = {"r": 16, "alpha": 32}
-    config = CampaignConfig.model_validate({
-        "name": "gpu-campaign", "seed": 0, "out_dir": str(Path(args.run_dir) / "run"),
-        "model": {"init": str(model_dir), "device": args.device, "dtype": args.dtype},
-        "envs": [{"env": "records-v0", "suite": "records", "eval_tasks": 64}],
-        "sft": {"steps": 10, "batch_size": 32, "lr": 1e-4, "demos_per_suite": 256},
-        "rl": {"steps": args.rl_steps, "tasks_per_step": args.tasks_per_step, "group_size": args.group_size,
-               # random weights pass nothing, so every group has zero variance: train on them anyway
-               # (advantages 0, the full forward/backward still runs) to time the update
-               "drop_zero_variance": False, "learner": learner},
-        "rollout": {"max_turns": 6, "max_new_tokens": 48, "max_total_tokens": 2048, "concurrency": 128},
-        "checkpoint": {"every": 1000, "keep": 1},
-    })
+    config = CampaignConfig.model_validate(
+        {
+            "name": "gpu-campaign",
+            "seed": 0,
+            "out_dir": str(Path(args.run_dir) / "run"),
+            "model": {"init": str(model_dir), "device": args.device, "dtype": args.dtype},
+            "envs": [{"env": "records-v0", "suite": "records", "eval_tasks": 64}],
+            "sft": {"steps": 10, "batch_size": 32, "lr": 1e-4, "demos_per_suite": 256},
+            "rl": {
+                "steps": args.rl_steps,
+                "tasks_per_step": args.tasks_per_step,
+                "group_size": args.group_size,
+                # random weights pass nothing, so every group has zero variance: train on them anyway
+                # (advantages 0, the full forward/backward still runs) to time the update
+                "drop_zero_variance": False,
+                "learner": learner,
+            },
+            "rollout": {"max_turns": 6, "max_new_tokens": 48, "max_total_tokens": 2048, "concurrency": 128},
+            "checkpoint": {"every": 1000, "keep": 1},
+        }
+    )
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -77,21 +87,44 @@ def main() -> None:
     records = read_metrics(config.out_dir)
     steps = [r for r in records if r.get("kind") == "train"]
     sft = [r for r in records if r.get("kind") == "sft"]
-    results = {"params_m": params / 1e6, "device": args.device, "dtype": args.dtype, "lora": args.lora,
-               "wall_s": wall, "steps": [],
-               "sft_step_s": sum(r["train_seconds"] for r in sft) / max(1, len(sft)),
-               "sft_tokens_per_s": sum(r["train_tokens"] for r in sft) / max(1e-9, sum(r["train_seconds"] for r in sft)),
-               "evals": [r for r in records if r.get("kind") == "eval"]}
+    results = {
+        "params_m": params / 1e6,
+        "device": args.device,
+        "dtype": args.dtype,
+        "lora": args.lora,
+        "wall_s": wall,
+        "steps": [],
+        "sft_step_s": sum(r["train_seconds"] for r in sft) / max(1, len(sft)),
+        "sft_tokens_per_s": sum(r["train_tokens"] for r in sft) / max(1e-9, sum(r["train_seconds"] for r in sft)),
+        "evals": [r for r in records if r.get("kind") == "eval"],
+    }
     print(f"SFT: {results['sft_step_s']:.2f} s per step, {results['sft_tokens_per_s']:.0f} policy tokens/s")
     for row in steps:
-        keep = {k: row.get(k) for k in ("step", "time_step_s", "time_rollout_s", "time_train_s", "train_tokens", "train_tokens_per_s",
-                                         "rollout_tokens_per_s", "episodes", "pass_rate", "logprob_gap_mean",
-                                         "logprob_gap_max", "grad_norm", "infra_or_verifier_errors")}
+        keep = {
+            k: row.get(k)
+            for k in (
+                "step",
+                "time_step_s",
+                "time_rollout_s",
+                "time_train_s",
+                "train_tokens",
+                "train_tokens_per_s",
+                "rollout_tokens_per_s",
+                "episodes",
+                "pass_rate",
+                "logprob_gap_mean",
+                "logprob_gap_max",
+                "grad_norm",
+                "infra_or_verifier_errors",
+            )
+        }
         results["steps"].append(keep)
-        print(f"step {keep['step']}: {keep['time_step_s']:.1f} s (rollout {keep['time_rollout_s']:.1f} s, train "
-              f"{keep['time_train_s']:.1f} s), {keep['episodes']} episodes, train {keep['train_tokens_per_s'] or 0:.0f} "
-              f"tok/s, rollout {keep['rollout_tokens_per_s']:.0f} tok/s, logprob gap mean {keep['logprob_gap_mean']}, "
-              f"infra {keep['infra_or_verifier_errors']}")
+        print(
+            f"step {keep['step']}: {keep['time_step_s']:.1f} s (rollout {keep['time_rollout_s']:.1f} s, train "
+            f"{keep['time_train_s']:.1f} s), {keep['episodes']} episodes, train {keep['train_tokens_per_s'] or 0:.0f} "
+            f"tok/s, rollout {keep['rollout_tokens_per_s']:.0f} tok/s, logprob gap mean {keep['logprob_gap_mean']}, "
+            f"infra {keep['infra_or_verifier_errors']}"
+        )
     if args.device.startswith("cuda"):
         results["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         print(f"peak GPU memory {results['peak_memory_gib']:.1f} GiB")

@@ -23,11 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import toolgym  # noqa: E402
 from common import qwen2_from_config, write_results  # noqa: E402  (bench/common.py)
+
+import toolgym  # noqa: E402
 from harness import bench_vs_generate  # noqa: E402  (bench/harness.py)
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent  # noqa: E402
-from toolgym.harness.hf_policy import HFPolicy  # noqa: E402
+from toolgym.inference.hf_policy import HFPolicy  # noqa: E402
 from toolgym.tasks import builtin_suite  # noqa: E402
 
 
@@ -44,16 +45,27 @@ def rollouts(policy: HFPolicy, concurrency: int, max_new: int = 48) -> dict:
     """Episodes on records held-out with `concurrency` in flight: tok/s and outcomes."""
     agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=max_new, temperature=1.0))
     tasks = builtin_suite("records").split("held-out").tasks[:concurrency]
-    runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, concurrency=concurrency,
-                           progress=False, limits=RolloutLimits(max_turns=2, max_new_tokens_per_turn=max_new))
+    runner = RolloutRunner(
+        lambda: toolgym.make("records-v0").unwrapped,
+        agent,
+        concurrency=concurrency,
+        progress=False,
+        limits=RolloutLimits(max_turns=2, max_new_tokens_per_turn=max_new),
+    )
     start = time.perf_counter()
     trajs = runner.run(tasks, seed=0)
     elapsed = time.perf_counter() - start
     tokens = sum(sum(t.loss_mask) for t in trajs)
     outcomes = Counter(t.outcome.value for t in trajs)
     errors = sorted({t.error for t in trajs if t.error})[:3]
-    return {"episodes": len(trajs), "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
-            "outcomes": dict(outcomes), "errors": errors}
+    return {
+        "episodes": len(trajs),
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "outcomes": dict(outcomes),
+        "errors": errors,
+    }
 
 
 def main() -> None:
@@ -71,13 +83,17 @@ def main() -> None:
     for conc in (1, 32, 128):
         r = rollouts(policy, conc)
         results[f"rollouts_{conc}"] = r
-        print(f"rollouts, {conc:3d} concurrent: {r['tokens_per_s']:.0f} tok/s ({r['tokens']} tokens, "
-              f"{r['seconds']:.1f} s), outcomes {r['outcomes']}" + (f", errors {r['errors']}" if r["errors"] else ""))
+        print(
+            f"rollouts, {conc:3d} concurrent: {r['tokens_per_s']:.0f} tok/s ({r['tokens']} tokens, "
+            f"{r['seconds']:.1f} s), outcomes {r['outcomes']}" + (f", errors {r['errors']}" if r["errors"] else "")
+        )
     for batch in (1, 32, 128):
         r = bench_vs_generate(policy, batch=batch)
         results[f"vs_generate_{batch}"] = r
-        print(f"batch {batch:3d}: toolgym {r['toolgym']['tokens_per_s']:.0f} tok/s, transformers generate "
-              f"{r['generate']['tokens_per_s']:.0f} tok/s, ratio {r['ratio']:.2f}x")
+        print(
+            f"batch {batch:3d}: toolgym {r['toolgym']['tokens_per_s']:.0f} tok/s, transformers generate "
+            f"{r['generate']['tokens_per_s']:.0f} tok/s, ratio {r['ratio']:.2f}x"
+        )
     if policy.device.type == "cuda":
         results["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         print(f"peak GPU memory {results['peak_memory_gib']:.1f} GiB")

@@ -29,8 +29,8 @@ from common import write_results  # noqa: E402  (bench/common.py)
 
 import toolgym
 from toolgym.harness import FixedAgent, RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.tiny import build_tiny_policy
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.inference.tiny import build_tiny_policy
 from toolgym.tasks import builtin_suite
 
 
@@ -49,8 +49,9 @@ class StampingAgent(FixedAgent):
 def bench_overhead(episodes: int = 20, turns: int = 100) -> dict:
     agent = StampingAgent()
     tasks = builtin_suite("records").tasks[:episodes]
-    runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, concurrency=1, progress=False,
-                           limits=RolloutLimits(max_turns=turns))
+    runner = RolloutRunner(
+        lambda: toolgym.make("records-v0").unwrapped, agent, concurrency=1, progress=False, limits=RolloutLimits(max_turns=turns)
+    )
     runner.run(tasks)
     gaps = np.concatenate([np.diff(s) for s in agent.stamps.values()]) * 1000
     return {"turns": int(gaps.size), "p50_ms": float(np.percentile(gaps, 50)), "p95_ms": float(np.percentile(gaps, 95))}
@@ -63,8 +64,7 @@ def bench_batching(episodes: int = 32, max_new: int = 32, turns: int = 2) -> dic
     limits = RolloutLimits(max_turns=turns, max_new_tokens_per_turn=max_new)
     out = {}
     for label, conc in (("one_at_a_time", 1), ("concurrent_32", 32)):
-        runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, concurrency=conc,
-                               progress=False, limits=limits)
+        runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, concurrency=conc, progress=False, limits=limits)
         start = time.perf_counter()
         trajs = runner.run(tasks, seed=0)
         elapsed = time.perf_counter() - start
@@ -74,8 +74,7 @@ def bench_batching(episodes: int = 32, max_new: int = 32, turns: int = 2) -> dic
     return out
 
 
-def bench_refill(policy: HFPolicy, episodes: int = 120, concurrency: int = 48, rows: int = 32,
-                 max_new: int = 32, repeats: int = 2) -> dict:
+def bench_refill(policy: HFPolicy, episodes: int = 120, concurrency: int = 48, rows: int = 32, max_new: int = 32, repeats: int = 2) -> dict:
     """Single-turn episodes, `concurrency` at a time, at most `rows` a batch: each arm's batches
     and seconds (best of `repeats`, arms interleaved)."""
     agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=max_new, temperature=1.0))
@@ -89,23 +88,22 @@ def bench_refill(policy: HFPolicy, episodes: int = 120, concurrency: int = 48, r
             for label, refill in (("leftovers_alone", False), ("refilled", True)):
                 policy.refill_batches = refill
                 policy.batch_sizes.clear()
-                runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, concurrency=concurrency,
-                                       progress=False, limits=limits)
+                runner = RolloutRunner(
+                    lambda: toolgym.make("records-v0").unwrapped, agent, concurrency=concurrency, progress=False, limits=limits
+                )
                 start = time.perf_counter()
                 runner.run(tasks, seed=0)
                 elapsed = time.perf_counter() - start
                 best = out.get(label)
                 if best is None or elapsed < best["seconds"]:
-                    out[label] = {"seconds": elapsed, "batches": len(policy.batch_sizes),
-                                  "batch_sizes": list(policy.batch_sizes)}
+                    out[label] = {"seconds": elapsed, "batches": len(policy.batch_sizes), "batch_sizes": list(policy.batch_sizes)}
     finally:
         policy.max_batch, policy.refill_batches = saved
     out["time_ratio"] = out["leftovers_alone"]["seconds"] / out["refilled"]["seconds"]
     return out
 
 
-def bench_vs_generate(policy: HFPolicy, batch: int = 128, prompt_len: int = 64, new_tokens: int = 32,
-                      repeats: int = 3) -> dict:
+def bench_vs_generate(policy: HFPolicy, batch: int = 128, prompt_len: int = 64, new_tokens: int = 32, repeats: int = 3) -> dict:
     """tok/s of `policy.generate_batch` and of `model.generate` on identical prompts and lengths."""
     import torch
 
@@ -113,8 +111,7 @@ def bench_vs_generate(policy: HFPolicy, batch: int = 128, prompt_len: int = 64, 
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(10, vocab - 10, (batch, prompt_len), generator=gen)
     never = (vocab + 7,)  # a stop id no sample can hit: every row generates exactly `new_tokens`
-    samplings = [SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=i, stop_token_ids=never)
-                 for i in range(batch)]
+    samplings = [SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=i, stop_token_ids=never) for i in range(batch)]
     ids = prompts.to(policy.device)
     attn = torch.ones_like(ids)
 
@@ -123,17 +120,24 @@ def bench_vs_generate(policy: HFPolicy, batch: int = 128, prompt_len: int = 64, 
 
     def theirs() -> int:
         with torch.no_grad():
-            out = policy.model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0,
-                                        top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                        pad_token_id=policy.pad_id)
+            out = policy.model.generate(
+                input_ids=ids,
+                attention_mask=attn,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=policy.pad_id,
+            )
         return int((out.shape[1] - prompt_len) * batch)
 
     def sync() -> None:
         if policy.device.type == "cuda":
             torch.cuda.synchronize()
 
-    result = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "device": str(policy.device),
-              "dtype": str(policy.dtype)}
+    result = {"batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, "device": str(policy.device), "dtype": str(policy.dtype)}
     for label, fn in (("toolgym", ours), ("generate", theirs)):
         fn()  # warm-up
         rates = []
@@ -161,9 +165,11 @@ def main() -> None:
     results = {}
     refill = bench_refill(policy)
     a, b = refill["leftovers_alone"], refill["refilled"]
-    print(f"{refill['episodes']} episodes, {refill['concurrency']} at a time, {refill['rows_per_batch']} rows a batch: "
-          f"leftovers alone {a['batches']} batches {a['seconds']:.1f} s; refilled {b['batches']} batches "
-          f"{b['seconds']:.1f} s; time ratio {refill['time_ratio']:.2f}x")
+    print(
+        f"{refill['episodes']} episodes, {refill['concurrency']} at a time, {refill['rows_per_batch']} rows a batch: "
+        f"leftovers alone {a['batches']} batches {a['seconds']:.1f} s; refilled {b['batches']} batches "
+        f"{b['seconds']:.1f} s; time ratio {refill['time_ratio']:.2f}x"
+    )
     results["refill"] = refill
     if args.only_refill:
         write_results(args.out, results)
@@ -171,20 +177,26 @@ def main() -> None:
     for batch in (1, 32, 128):
         r = bench_vs_generate(policy, batch=batch)
         results[f"vs_generate_{batch}"] = r
-        print(f"batch {batch:3d} on {r['device']} ({r['dtype']}): toolgym {r['toolgym']['tokens_per_s']:.0f} tok/s, "
-              f"transformers generate {r['generate']['tokens_per_s']:.0f} tok/s, ratio {r['ratio']:.2f}x"
-              + ("  (target >= 1x)" if batch == 128 else ""))
+        print(
+            f"batch {batch:3d} on {r['device']} ({r['dtype']}): toolgym {r['toolgym']['tokens_per_s']:.0f} tok/s, "
+            f"transformers generate {r['generate']['tokens_per_s']:.0f} tok/s, ratio {r['ratio']:.2f}x"
+            + ("  (target >= 1x)" if batch == 128 else "")
+        )
     if args.only_generate:
         write_results(args.out, results)
         return
     overhead = bench_overhead()
-    print(f"harness overhead per turn (null policy, {overhead['turns']} turns): "
-          f"p50 {overhead['p50_ms']:.3f} ms, p95 {overhead['p95_ms']:.3f} ms  (target p50 <= 1 ms)")
+    print(
+        f"harness overhead per turn (null policy, {overhead['turns']} turns): "
+        f"p50 {overhead['p50_ms']:.3f} ms, p95 {overhead['p95_ms']:.3f} ms  (target p50 <= 1 ms)"
+    )
     batching = bench_batching()
     a, b = batching["one_at_a_time"], batching["concurrent_32"]
-    print(f"tiny HF policy: one at a time {a['tokens_per_s']:.0f} tok/s ({a['tokens']} tokens, {a['seconds']:.1f} s); "
-          f"32 concurrent {b['tokens_per_s']:.0f} tok/s ({b['tokens']} tokens, {b['seconds']:.1f} s); "
-          f"ratio {batching['speedup']:.1f}x  (target >= 3x)")
+    print(
+        f"tiny HF policy: one at a time {a['tokens_per_s']:.0f} tok/s ({a['tokens']} tokens, {a['seconds']:.1f} s); "
+        f"32 concurrent {b['tokens_per_s']:.0f} tok/s ({b['tokens']} tokens, {b['seconds']:.1f} s); "
+        f"ratio {batching['speedup']:.1f}x  (target >= 3x)"
+    )
     write_results(args.out, {"overhead": overhead, "batching": batching, **results})
 
 

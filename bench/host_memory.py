@@ -1,6 +1,6 @@
 """Does a process that evaluates again and again stay the same size? Side by side in one run: the
 same evaluations with `malloc_trim` (what toolgym does every 16 generated tokens, after every
-generation batch and every evaluation: `harness/host_memory.py`) and with it switched off.
+generation batch and every evaluation: `inference/host_memory.py`) and with it switched off.
 
     python bench/host_memory.py [--model smollm2-135m] [--tasks 64] [--rounds 3]
 
@@ -25,10 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
 
+
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
 
 
 def arenas_gb() -> dict[str, float]:
@@ -43,11 +45,11 @@ def child(args: argparse.Namespace) -> None:
     """One arm's evaluations in this process, trimming or not (`--trim`): a JSON row per evaluation."""
     import toolgym  # noqa: F401 (registers the suites)
     from toolgym.cli.app import load_suite
-    from toolgym.harness import host_memory
     from toolgym.harness.eval_run import run_eval
-    from toolgym.harness.hardware import choose_bf16
-    from toolgym.harness.policy import SamplingParams
     from toolgym.harness.rollout import RolloutLimits
+    from toolgym.inference import host_memory
+    from toolgym.inference.hardware import choose_bf16
+    from toolgym.inference.policy import SamplingParams
 
     if not args.trim:  # the arm without trimming: every release_memory() call trims nothing
         host_memory._libc_trim.cache_clear()
@@ -59,17 +61,46 @@ def child(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as out:
         for number in range(args.rounds):
             started = time.perf_counter()
-            report, _ = run_eval(f"hf:{args.model}", suite, "held-out", 1, [1], args.tasks, 128, 0,
-                                 f"{out}/{number}", limits, sampling, progress=False, dtype=dtype)
-            row = {"evaluation": number + 1, "seconds": round(time.perf_counter() - started, 1),
-                   "pass@1": report.overall.pass_at["1"].value, **host_memory.memory_fields(), **arenas_gb()}
+            report, _ = run_eval(
+                f"hf:{args.model}",
+                suite,
+                "held-out",
+                1,
+                [1],
+                args.tasks,
+                128,
+                0,
+                f"{out}/{number}",
+                limits,
+                sampling,
+                progress=False,
+                dtype=dtype,
+            )
+            row = {
+                "evaluation": number + 1,
+                "seconds": round(time.perf_counter() - started, 1),
+                "pass@1": report.overall.pass_at["1"].value,
+                **host_memory.memory_fields(),
+                **arenas_gb(),
+            }
             print("ROW " + json.dumps(row), flush=True)
 
 
 def run_arm(trim: bool, args: argparse.Namespace) -> list[dict]:
     """Run one arm in a fresh process; its rows, printed as they come."""
-    command = [sys.executable, __file__, "--child", "--model", args.model, "--tasks", str(args.tasks),
-               "--rounds", str(args.rounds), "--tokens", str(args.tokens)] + (["--trim"] if trim else [])
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--model",
+        args.model,
+        "--tasks",
+        str(args.tasks),
+        "--rounds",
+        str(args.rounds),
+        "--tokens",
+        str(args.tokens),
+    ] + (["--trim"] if trim else [])
     rows = []
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
@@ -78,9 +109,12 @@ def run_arm(trim: bool, args: argparse.Namespace) -> list[dict]:
                 continue
             row = json.loads(line[4:])
             rows.append(row)
-            print(f"{'trim' if trim else 'no trim':8s} evaluation {row['evaluation']}: {row['seconds']:5.0f} s, "
-                  f"pass@1 {row['pass@1']:.3f}, resident {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f}), "
-                  f"arenas: {row['in_use_gb']:.2f} GB in use, {row['freed_kept_gb']:.2f} GB freed but kept", flush=True)
+            print(
+                f"{'trim' if trim else 'no trim':8s} evaluation {row['evaluation']}: {row['seconds']:5.0f} s, "
+                f"pass@1 {row['pass@1']:.3f}, resident {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f}), "
+                f"arenas: {row['in_use_gb']:.2f} GB in use, {row['freed_kept_gb']:.2f} GB freed but kept",
+                flush=True,
+            )
     if proc.returncode:
         raise SystemExit(f"the {'trim' if trim else 'no-trim'} arm failed (exit {proc.returncode})")
     return rows
@@ -98,17 +132,26 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args)
-    from toolgym.harness.hardware import choose_bf16, cpu_description
+    from toolgym.inference.hardware import choose_bf16, cpu_description
 
-    results = {"cpu": cpu_description(), "precision": choose_bf16("auto", "cpu").dtype, "model": args.model,
-               "tasks": args.tasks, "rounds": args.rounds}
+    results = {
+        "cpu": cpu_description(),
+        "precision": choose_bf16("auto", "cpu").dtype,
+        "model": args.model,
+        "tasks": args.tasks,
+        "rounds": args.rounds,
+    }
     off, on = run_arm(False, args), run_arm(True, args)
     peak_off, peak_on = max(r["peak_rss_gb"] for r in off), max(r["peak_rss_gb"] for r in on)
     seconds = sum(r["seconds"] for r in on) / max(sum(r["seconds"] for r in off), 1e-9)
-    results.update(no_trim=off, trim=on, peak_rss_gb={"no_trim": peak_off, "trim": peak_on},
-                   peak_ratio=peak_off / peak_on, seconds_ratio=seconds)
-    print(f"after {args.rounds} evaluations: peak resident {peak_off:.2f} GB without trimming, {peak_on:.2f} GB "
-          f"with ({peak_off / peak_on:.2f}x); time with / without {seconds:.2f}x", flush=True)
+    results.update(
+        no_trim=off, trim=on, peak_rss_gb={"no_trim": peak_off, "trim": peak_on}, peak_ratio=peak_off / peak_on, seconds_ratio=seconds
+    )
+    print(
+        f"after {args.rounds} evaluations: peak resident {peak_off:.2f} GB without trimming, {peak_on:.2f} GB "
+        f"with ({peak_off / peak_on:.2f}x); time with / without {seconds:.2f}x",
+        flush=True,
+    )
     print(f"({results['cpu']}, {results['precision']})")
     write_results(args.out, results)
 

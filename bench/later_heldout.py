@@ -39,9 +39,15 @@ def run_budget(run: Path) -> dict[str, Any]:
     rollout, evaluation = config["rollout"], config["eval"]
     hardware = run / "hardware.json"
     dtype = json.loads(hardware.read_text())["rollout"]["dtype"] if hardware.exists() else "auto"
-    return {"max_new_tokens": rollout["max_new_tokens"], "max_total_tokens": rollout["max_total_tokens"],
-            "max_turns": evaluation.get("max_turns") or rollout["max_turns"], "temperature": evaluation["temperature"],
-            "concurrency": rollout["concurrency"], "seed": config["seed"], "dtype": dtype}
+    return {
+        "max_new_tokens": rollout["max_new_tokens"],
+        "max_total_tokens": rollout["max_total_tokens"],
+        "max_turns": evaluation.get("max_turns") or rollout["max_turns"],
+        "temperature": evaluation["temperature"],
+        "concurrency": rollout["concurrency"],
+        "seed": config["seed"],
+        "dtype": dtype,
+    }
 
 
 def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int) -> tuple[Any, int]:
@@ -74,34 +80,55 @@ def evaluate_run(run: Path, suite_name: str, tasks: int) -> dict[str, Any]:
     from toolgym.cli.app import load_suite
     from toolgym.harness.eval_run import run_eval
     from toolgym.harness.evaluate import paired_difference
-    from toolgym.harness.policy import SamplingParams
     from toolgym.harness.rollout import RolloutLimits
     from toolgym.harness.trajectory import read_jsonl
+    from toolgym.inference.policy import SamplingParams
 
     budget = run_budget(run)
     suite, skipped = answerable(load_suite(suite_name), run / "final-model", budget, tasks)
-    limits = RolloutLimits(max_turns=budget["max_turns"], max_new_tokens_per_turn=budget["max_new_tokens"],
-                           max_total_tokens=budget["max_total_tokens"])
+    limits = RolloutLimits(
+        max_turns=budget["max_turns"], max_new_tokens_per_turn=budget["max_new_tokens"], max_total_tokens=budget["max_total_tokens"]
+    )
     sampling = SamplingParams(max_new_tokens=budget["max_new_tokens"], temperature=budget["temperature"])
-    out: dict[str, Any] = {"run": str(run), "suite": suite_name, "budget": budget, "tasks": len(suite),
-                           "skipped_too_long": skipped}
+    out: dict[str, Any] = {"run": str(run), "suite": suite_name, "budget": budget, "tasks": len(suite), "skipped_too_long": skipped}
     trajectories = {}
     for stage in STAGES:
         model = run / f"{stage}-model"
         if not (model / "config.json").exists():
-            raise SystemExit(f"{model}: no exported model (campaigns export sft-model and final-model; rerun the "
-                             f"campaign with this version of toolgym)")
+            raise SystemExit(
+                f"{model}: no exported model (campaigns export sft-model and final-model; rerun the campaign with this version of toolgym)"
+            )
         where = run / "later" / suite_name / stage
         started = time.perf_counter()
-        report, paths = run_eval(f"hf:{model}", suite, "held-out", 1, [1], tasks, budget["concurrency"], budget["seed"],
-                                 where, limits, sampling, dtype=budget["dtype"])
+        report, paths = run_eval(
+            f"hf:{model}",
+            suite,
+            "held-out",
+            1,
+            [1],
+            tasks,
+            budget["concurrency"],
+            budget["seed"],
+            where,
+            limits,
+            sampling,
+            dtype=budget["dtype"],
+        )
         trajectories[stage] = read_jsonl(paths["trajectories"])
         pass1 = report.overall.pass_at["1"]
-        out[stage] = {"pass@1": pass1.value, "ci": [pass1.low, pass1.high], "episodes": report.overall.episodes,
-                      "limits_hit": report.overall.limits_hit, "seconds": round(time.perf_counter() - started, 1),
-                      "by_category": {f: g.pass_at["1"].value for f, g in report.by_family.items() if "1" in g.pass_at}}
-        print(f"{run} {stage}: {suite_name} pass@1 {pass1.value:.3f} [{pass1.low:.3f}, {pass1.high:.3f}] "
-              f"({report.overall.episodes} episodes, {out[stage]['seconds']:.0f} s)", flush=True)
+        out[stage] = {
+            "pass@1": pass1.value,
+            "ci": [pass1.low, pass1.high],
+            "episodes": report.overall.episodes,
+            "limits_hit": report.overall.limits_hit,
+            "seconds": round(time.perf_counter() - started, 1),
+            "by_category": {f: g.pass_at["1"].value for f, g in report.by_family.items() if "1" in g.pass_at},
+        }
+        print(
+            f"{run} {stage}: {suite_name} pass@1 {pass1.value:.3f} [{pass1.low:.3f}, {pass1.high:.3f}] "
+            f"({report.overall.episodes} episodes, {out[stage]['seconds']:.0f} s)",
+            flush=True,
+        )
     diff = paired_difference(trajectories["sft"], trajectories["final"], seed=budget["seed"])
     out["final_minus_sft"] = {"points": diff.value * 100, "ci": [diff.low * 100, diff.high * 100]}
     return out
@@ -120,16 +147,19 @@ def main() -> None:
     print()
     for r in results:
         g = r["final_minus_sft"]
-        cats = ", ".join(f"{c} {r['sft']['by_category'].get(c, 0):.2f}->{v:.2f}"
-                         for c, v in sorted(r["final"]["by_category"].items()))
-        print(f"{r['run']}: {r['suite']} pass@1 SFT {r['sft']['pass@1']:.3f} -> final {r['final']['pass@1']:.3f} "
-              f"(final - SFT {g['points']:+.1f} points, 95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired; "
-              f"{r['final']['episodes']} episodes; {r['skipped_too_long']} longer prompts skipped)\n"
-              f"  by category: {cats}")
+        cats = ", ".join(f"{c} {r['sft']['by_category'].get(c, 0):.2f}->{v:.2f}" for c, v in sorted(r["final"]["by_category"].items()))
+        print(
+            f"{r['run']}: {r['suite']} pass@1 SFT {r['sft']['pass@1']:.3f} -> final {r['final']['pass@1']:.3f} "
+            f"(final - SFT {g['points']:+.1f} points, 95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired; "
+            f"{r['final']['episodes']} episodes; {r['skipped_too_long']} longer prompts skipped)\n"
+            f"  by category: {cats}"
+        )
     gains = [r["final_minus_sft"]["points"] for r in results]
     if len(gains) > 1:
-        print(f"over {len(gains)} runs: final - SFT mean {statistics.mean(gains):+.1f} points, "
-              f"sd {statistics.stdev(gains):.1f}, min {min(gains):+.1f}, max {max(gains):+.1f}")
+        print(
+            f"over {len(gains)} runs: final - SFT mean {statistics.mean(gains):+.1f} points, "
+            f"sd {statistics.stdev(gains):.1f}, min {min(gains):+.1f}, max {max(gains):+.1f}"
+        )
     write_results(args.out, results)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_results  # noqa: E402  (bench/common.py)
+
 from toolgym.harness.eval_run import run_eval  # noqa: E402
 from toolgym.trainers.campaign import Campaign  # noqa: E402
 from toolgym.trainers.config import CampaignConfig, load_config  # noqa: E402
@@ -50,17 +51,40 @@ def probe(campaign: Campaign, tasks: int, out: Path) -> float:
     """The train pass rate at the rollout temperature, on a fixed set: 2 samples of each of the
     first `tasks` train tasks of records, the same seeds for every arm. (Greedy, the SFT model
     already passes about 0.78 of them: every target would be reached before the first step.)"""
-    report, _ = run_eval("probe", campaign.suites["records"], "train", 2, [1], tasks, campaign.config.rollout.concurrency,
-                         0, out, campaign.limits(), progress=False,
-                         agent=campaign.agent(campaign.config.rollout.temperature), env_factory=campaign.make_env)
+    report, _ = run_eval(
+        "probe",
+        campaign.suites["records"],
+        "train",
+        2,
+        [1],
+        tasks,
+        campaign.config.rollout.concurrency,
+        0,
+        out,
+        campaign.limits(),
+        progress=False,
+        agent=campaign.agent(campaign.config.rollout.temperature),
+        env_factory=campaign.make_env,
+    )
     return report.overall.pass_at["1"].value
 
 
 def arm(kind: str, seed: int, init: Path, args: argparse.Namespace, out_dir: Path) -> dict:
     """One campaign with sampler `kind`: probe curve, held-out pass@1, gradient share."""
-    config = recipe_config(out_dir, **{"model.init": str(init), "sft.steps": 0, "eval.base_tasks": 0, "seed": seed,
-                                     "sampler.kind": kind, "rl.steps": args.steps, "rollout.save": False,
-                                     "envs.0.eval_tasks": args.heldout, "checkpoint.every": 10_000})
+    config = recipe_config(
+        out_dir,
+        **{
+            "model.init": str(init),
+            "sft.steps": 0,
+            "eval.base_tasks": 0,
+            "seed": seed,
+            "sampler.kind": kind,
+            "rl.steps": args.steps,
+            "rollout.save": False,
+            "envs.0.eval_tasks": args.heldout,
+            "checkpoint.every": 10_000,
+        },
+    )
     campaign = Campaign(config, progress=False)
     campaign.run_dir.mkdir(parents=True, exist_ok=True)
     from toolgym.trainers.checkpoint import MetricsLog
@@ -79,10 +103,15 @@ def arm(kind: str, seed: int, init: Path, args: argparse.Namespace, out_dir: Pat
         heldout = campaign.evaluate("final")["records"]["pass@1"]
     finally:
         campaign.close()
-    return {"kind": kind, "seed": seed, "curve": curve, "heldout": heldout,
-            "rollouts_to_target": {str(t): rollouts_to(curve, t) for t in args.targets},
-            "rollouts": args.steps * per_step,
-            "gradient_share": carried / (args.steps * per_step)}
+    return {
+        "kind": kind,
+        "seed": seed,
+        "curve": curve,
+        "heldout": heldout,
+        "rollouts_to_target": {str(t): rollouts_to(curve, t) for t in args.targets},
+        "rollouts": args.steps * per_step,
+        "gradient_share": carried / (args.steps * per_step),
+    }
 
 
 def rollouts_to(curve: list[tuple[int, float]], target: float) -> float | None:
@@ -116,25 +145,32 @@ def main() -> None:
                 results.append(res)
                 print(json.dumps(res), flush=True)
     budget = results[0]["rollouts"]
-    print(f"\n{len(results) // 2} seeds x {args.steps} GRPO steps ({budget} rollouts per arm); probe: first {args.probe} "
-          f"train tasks x 2 samples at the rollout temperature")
+    print(
+        f"\n{len(results) // 2} seeds x {args.steps} GRPO steps ({budget} rollouts per arm); probe: first {args.probe} "
+        f"train tasks x 2 samples at the rollout temperature"
+    )
     summary = {}
     for kind in ("learnability", "uniform"):
         mine = [r for r in results if r["kind"] == kind]
         reach = {str(t): [r["rollouts_to_target"][str(t)] for r in mine] for t in args.targets}
         summary[kind] = {
-            "rollouts_to_target": {t: statistics.mean(x if x is not None else float(budget) for x in xs)
-                                   for t, xs in reach.items()},
+            "rollouts_to_target": {t: statistics.mean(x if x is not None else float(budget) for x in xs) for t, xs in reach.items()},
             "reached": {t: sum(x is not None for x in xs) for t, xs in reach.items()},
             "heldout": statistics.mean(r["heldout"] for r in mine),
-            "gradient_share": statistics.mean(r["gradient_share"] for r in mine)}
+            "gradient_share": statistics.mean(r["gradient_share"] for r in mine),
+        }
         s = summary[kind]
-        targets = "  ".join(f"to {t}: {s['rollouts_to_target'][t]:4.0f} ({s['reached'][t]}/{len(mine)} reached)"
-                            for t in s["rollouts_to_target"])
-        print(f"  {kind:<13} rollouts {targets}  held-out pass@1 {s['heldout']:.3f} "
-              f"{[round(r['heldout'], 3) for r in mine]}  rollouts with a gradient {s['gradient_share']:.0%}")
-    ratio = {t: summary["uniform"]["rollouts_to_target"][t] / max(summary["learnability"]["rollouts_to_target"][t], 1e-9)
-             for t in summary["uniform"]["rollouts_to_target"]}
+        targets = "  ".join(
+            f"to {t}: {s['rollouts_to_target'][t]:4.0f} ({s['reached'][t]}/{len(mine)} reached)" for t in s["rollouts_to_target"]
+        )
+        print(
+            f"  {kind:<13} rollouts {targets}  held-out pass@1 {s['heldout']:.3f} "
+            f"{[round(r['heldout'], 3) for r in mine]}  rollouts with a gradient {s['gradient_share']:.0%}"
+        )
+    ratio = {
+        t: summary["uniform"]["rollouts_to_target"][t] / max(summary["learnability"]["rollouts_to_target"][t], 1e-9)
+        for t in summary["uniform"]["rollouts_to_target"]
+    }
     for t, r in ratio.items():
         print(f"  target {t}: uniform needs {r:.2f}x the rollouts of learnability")
     write_results(args.out, {"args": vars(args), "runs": results, "summary": summary, "ratio": ratio})

@@ -31,11 +31,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import first_prompt_ids, write_results  # noqa: E402  (bench/common.py)
+
 import toolgym  # noqa: E402
-from toolgym.harness.chat import load_template  # noqa: E402
-from toolgym.harness.hardware import choose_bf16, cpu_description  # noqa: E402
-from toolgym.harness.hf_policy import HFPolicy  # noqa: E402
-from toolgym.harness.policy import SamplingParams  # noqa: E402
+from toolgym.inference.chat import load_template  # noqa: E402
+from toolgym.inference.hardware import choose_bf16, cpu_description  # noqa: E402
+from toolgym.inference.hf_policy import HFPolicy  # noqa: E402
+from toolgym.inference.policy import SamplingParams  # noqa: E402
 from toolgym.tasks.generators import builtin_suite  # noqa: E402
 
 
@@ -65,9 +66,16 @@ def compare(policy: HFPolicy, prompts: list[list[int]], new: int | list[int], re
             best[state] = min(best[state], timed(policy, prompts, new))
     setattr(policy, switch, True)
     tokens = sum(new) if isinstance(new, list) else sum(len(p) for p in prompts)
-    return {"rows": len(prompts), "tokens": tokens, "longest": max(len(p) for p in prompts),
-            "seconds_off": best["off"], "seconds_on": best["on"], "tokens_per_s_off": tokens / best["off"],
-            "tokens_per_s_on": tokens / best["on"], "speedup": best["off"] / best["on"]}
+    return {
+        "rows": len(prompts),
+        "tokens": tokens,
+        "longest": max(len(p) for p in prompts),
+        "seconds_off": best["off"],
+        "seconds_on": best["on"],
+        "tokens_per_s_off": tokens / best["off"],
+        "tokens_per_s_on": tokens / best["on"],
+        "speedup": best["off"] / best["on"],
+    }
 
 
 def main() -> None:
@@ -84,23 +92,40 @@ def main() -> None:
     policy = HFPolicy("smollm2-135m", device="cpu", dtype=precision.dtype, max_batch=1024, batch_gb=16)
     policy.tokenizer.chat_template = load_template("qwen2.5-compact")
     print(f"{cpu_description()}; {precision.dtype} ({precision.reason})", flush=True)
-    mixed = compare(policy, bfcl_prompts(policy.tokenizer, "held-out", args.rows), args.new, args.repeats,
-                    "chunk_prefill")
-    print(f"mixed lengths, {mixed['rows']} BFCL prompts ({mixed['tokens']} tokens, longest {mixed['longest']}): "
-          f"padded {mixed['tokens_per_s_off']:.0f} tok/s, chunked {mixed['tokens_per_s_on']:.0f} tok/s, "
-          f"{mixed['speedup']:.2f}x", flush=True)
+    mixed = compare(policy, bfcl_prompts(policy.tokenizer, "held-out", args.rows), args.new, args.repeats, "chunk_prefill")
+    print(
+        f"mixed lengths, {mixed['rows']} BFCL prompts ({mixed['tokens']} tokens, longest {mixed['longest']}): "
+        f"padded {mixed['tokens_per_s_off']:.0f} tok/s, chunked {mixed['tokens_per_s_on']:.0f} tok/s, "
+        f"{mixed['speedup']:.2f}x",
+        flush=True,
+    )
     group = [p for p in bfcl_prompts(policy.tokenizer, "train", args.tasks) for _ in range(args.group)]
     grpo = compare(policy, group, args.new, args.repeats, "share_identical_prompts")
-    print(f"GRPO step, {args.tasks} prompts x {args.group}: each row computed {grpo['tokens_per_s_off']:.0f} tok/s, "
-          f"each prompt once {grpo['tokens_per_s_on']:.0f} tok/s, {grpo['speedup']:.2f}x", flush=True)
+    print(
+        f"GRPO step, {args.tasks} prompts x {args.group}: each row computed {grpo['tokens_per_s_off']:.0f} tok/s, "
+        f"each prompt once {grpo['tokens_per_s_on']:.0f} tok/s, {grpo['speedup']:.2f}x",
+        flush=True,
+    )
     held_out = bfcl_prompts(policy.tokenizer, "held-out", args.rows)
     budgets = [16 + (i * 37) % 113 for i in range(len(held_out))]
     ragged = compare(policy, held_out, budgets, args.repeats, "shrink_batch")
-    print(f"answers of 16-128 tokens, {len(held_out)} rows ({ragged['tokens']} new tokens): every row to the end "
-          f"{ragged['tokens_per_s_off']:.0f} new tok/s, the running rows only {ragged['tokens_per_s_on']:.0f} new tok/s, "
-          f"{ragged['speedup']:.2f}x", flush=True)
-    write_results(args.out, {"cpu": cpu_description(), "dtype": precision.dtype, "new_tokens": args.new,
-                             "mixed_lengths": mixed, "grpo_step": grpo, "ragged_answers": ragged})
+    print(
+        f"answers of 16-128 tokens, {len(held_out)} rows ({ragged['tokens']} new tokens): every row to the end "
+        f"{ragged['tokens_per_s_off']:.0f} new tok/s, the running rows only {ragged['tokens_per_s_on']:.0f} new tok/s, "
+        f"{ragged['speedup']:.2f}x",
+        flush=True,
+    )
+    write_results(
+        args.out,
+        {
+            "cpu": cpu_description(),
+            "dtype": precision.dtype,
+            "new_tokens": args.new,
+            "mixed_lengths": mixed,
+            "grpo_step": grpo,
+            "ragged_answers": ragged,
+        },
+    )
 
 
 if __name__ == "__main__":

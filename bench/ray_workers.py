@@ -17,8 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import toolgym  # noqa: E402
 from common import write_results  # noqa: E402  (bench/common.py)
+
+import toolgym  # noqa: E402
 from toolgym.harness import RolloutLimits, RolloutRunner  # noqa: E402
 from toolgym.harness.agents import FixedAgent  # noqa: E402
 from toolgym.harness.ray_pool import RayRolloutRunner, init_local_ray  # noqa: E402
@@ -46,8 +47,13 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench/ray_workers.json")
     args = parser.parse_args()
     tasks = builtin_suite("shell-ops").split("train").tasks[: args.episodes]
-    local = RolloutRunner(lambda env_id: toolgym.make(env_id, sandbox=SANDBOX).unwrapped, AGENT,
-                          concurrency=args.envs_per_worker, limits=LIMITS, progress=False)
+    local = RolloutRunner(
+        lambda env_id: toolgym.make(env_id, sandbox=SANDBOX).unwrapped,
+        AGENT,
+        concurrency=args.envs_per_worker,
+        limits=LIMITS,
+        progress=False,
+    )
     try:
         base = timed(local, tasks)
     finally:
@@ -56,21 +62,27 @@ def main() -> None:
     print(f"local, {args.envs_per_worker} in flight: {len(tasks) / base:.2f} episodes/s ({base:.1f} s)")
     init_local_ray()
     for n in [int(x) for x in args.workers.split(",")]:
-        runner = RayRolloutRunner({"toolgym/shell-ops-v0": {"sandbox": SANDBOX}}, {"kind": "text", "agent": AGENT},
-                                  workers=n, envs_per_worker=args.envs_per_worker, limits=LIMITS)
+        runner = RayRolloutRunner(
+            {"toolgym/shell-ops-v0": {"sandbox": SANDBOX}},
+            {"kind": "text", "agent": AGENT},
+            workers=n,
+            envs_per_worker=args.envs_per_worker,
+            limits=LIMITS,
+        )
         try:
             elapsed = timed(runner, tasks)
         finally:
             runner.close()
         results[f"ray_{n}"] = {"seconds": elapsed, "episodes_per_s": len(tasks) / elapsed}
-        print(f"ray, {n} worker(s) x {args.envs_per_worker}: {len(tasks) / elapsed:.2f} episodes/s "
-              f"({elapsed:.1f} s, {elapsed / base:.2f}x local)")
+        print(
+            f"ray, {n} worker(s) x {args.envs_per_worker}: {len(tasks) / elapsed:.2f} episodes/s "
+            f"({elapsed:.1f} s, {elapsed / base:.2f}x local)"
+        )
     one = results.get("ray_1")
     if one:
         overhead = (one["seconds"] - base) / len(tasks) * args.envs_per_worker
         results["ray_overhead_per_episode_s"] = overhead
-        print(f"overhead of going through Ray (1 worker vs local, same episodes in flight): "
-              f"{overhead * 1000:.0f} ms per episode")
+        print(f"overhead of going through Ray (1 worker vs local, same episodes in flight): {overhead * 1000:.0f} ms per episode")
     write_results(args.out, results)
 
 

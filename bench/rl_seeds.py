@@ -47,7 +47,6 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
 
-
 #: the fields an arm may vary: command-line option -> config field
 ARM_FIELDS = {"samplers": "sampler.kind", "advantages": "rl.advantage"}
 
@@ -59,17 +58,30 @@ def train_from_sft(run: Path, seed: int, out: Path, overrides: list[str] = ()) -
     if (out / "eval" / "final").is_dir() and (out / "final-model").is_dir():
         print(f"{out}: finished earlier, read as it is", flush=True)
         return 0.0
-    command = ["toolgym", "train", str(run / "config.yaml"), "--out", str(out),
-               "--set", f"model.init={run / 'sft-model'}", "--set", "sft.steps=0",
-               "--set", "eval.base_tasks=0", "--set", f"seed={seed}"]
+    command = [
+        "toolgym",
+        "train",
+        str(run / "config.yaml"),
+        "--out",
+        str(out),
+        "--set",
+        f"model.init={run / 'sft-model'}",
+        "--set",
+        "sft.steps=0",
+        "--set",
+        "eval.base_tasks=0",
+        "--set",
+        f"seed={seed}",
+    ]
     for override in overrides:
         command += ["--set", override]
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
     code = subprocess.run(command).returncode  # its progress goes straight to this terminal / log
     if code != 0:
-        raise SystemExit(f"seed {seed}: `toolgym train` exited {code}; its messages are above (the seeds "
-                         f"already finished are in {out.parent})")
+        raise SystemExit(
+            f"seed {seed}: `toolgym train` exited {code}; its messages are above (the seeds already finished are in {out.parent})"
+        )
     return time.perf_counter() - started
 
 
@@ -104,10 +116,9 @@ def stage_numbers(run: Path, stage: str, suite: str) -> tuple[float, dict[str, f
 
     where = run / "eval" / stage / suite
     report = json.loads((where / "report.json").read_text())
-    by_category = {family: group["pass_at"]["1"]["value"] for family, group in report["by_family"].items()
-                   if "1" in group["pass_at"]}
+    by_category = {family: group["pass_at"]["1"]["value"] for family, group in report["by_family"].items() if "1" in group["pass_at"]}
     overall = report["overall"]
-    return overall["pass_at"]["1"]["value"], by_category, read_jsonl(where / "trajectories.jsonl"), overall["limits_hit"]
+    return (overall["pass_at"]["1"]["value"], by_category, read_jsonl(where / "trajectories.jsonl"), overall["limits_hit"])
 
 
 def zero_variance_share(run: Path) -> tuple[int, int]:
@@ -127,26 +138,33 @@ def zero_variance_share(run: Path) -> tuple[int, int]:
     return zero, total
 
 
-def compare_arms(results: list[dict], finals: dict[tuple[str, int, str], list], a: str, b: str,
-                 suite: str) -> dict:
+def compare_arms(results: list[dict], finals: dict[tuple[str, int, str], list], a: str, b: str, suite: str) -> dict:
     """Arm `a` (a sampler, an advantage) against `b` over the seeds both ran: zero-variance shares
     and their ratio, and final held-out accuracy a - b paired by (seed, task) with its bootstrap
     CI. `finals`: each (arm, seed, suite)'s final trajectories, as `main` read them."""
     from toolgym.harness.evaluate import paired_difference
 
     def pooled(kind: str) -> list:
-        return [t.model_copy(update={"task_id": f"{seed}:{t.task_id}"})
-                for (k, seed, s), trajs in sorted(finals.items(), key=lambda item: item[0]) if k == kind and s == suite
-                for t in trajs]
+        return [
+            t.model_copy(update={"task_id": f"{seed}:{t.task_id}"})
+            for (k, seed, s), trajs in sorted(finals.items(), key=lambda item: item[0])
+            if k == kind and s == suite
+            for t in trajs
+        ]
 
     share = {}
     for kind in (a, b):
         rows = [r for r in results if r["arm"] == kind and r["suite"] == suite]
         share[kind] = sum(r["zero_variance_rollouts"] for r in rows) / max(1, sum(r["rollouts"] for r in rows))
     diff = paired_difference(pooled(b), pooled(a), seed=0)
-    return {"suite": suite, "a": a, "b": b, "zero_variance_share": share,
-            "ratio_b_over_a": share[b] / share[a] if share[a] else None,
-            "final_a_minus_b": {"points": diff.value * 100, "ci": [diff.low * 100, diff.high * 100]}}
+    return {
+        "suite": suite,
+        "a": a,
+        "b": b,
+        "zero_variance_share": share,
+        "ratio_b_over_a": share[b] / share[a] if share[a] else None,
+        "final_a_minus_b": {"points": diff.value * 100, "ci": [diff.low * 100, diff.high * 100]},
+    }
 
 
 def main() -> None:
@@ -155,20 +173,27 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("runs/rl-seeds"), help="where the seeds' runs go")
     arms = parser.add_mutually_exclusive_group()
-    arms.add_argument("--samplers", nargs="+", default=None,
-                      help="task samplers to compare (sampler.kind), each run on every seed; default: the run's own")
-    arms.add_argument("--advantages", nargs="+", default=None,
-                      help="advantage estimators to compare (rl.advantage; `none` is the reward ablation)")
-    arms.add_argument("--arms", nargs="+", default=None,
-                      help="config overrides to compare, one arm each (`field=value`, several joined by `;`); "
-                           "the first is the reference")
+    arms.add_argument(
+        "--samplers",
+        nargs="+",
+        default=None,
+        help="task samplers to compare (sampler.kind), each run on every seed; default: the run's own",
+    )
+    arms.add_argument(
+        "--advantages", nargs="+", default=None, help="advantage estimators to compare (rl.advantage; `none` is the reward ablation)"
+    )
+    arms.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        help="config overrides to compare, one arm each (`field=value`, several joined by `;`); the first is the reference",
+    )
     parser.add_argument("--json", default="runs/bench/rl_seeds.json")
     args = parser.parse_args()
     from toolgym.harness.evaluate import paired_difference
 
     if not (args.run / "sft-model" / "config.json").exists():
-        raise SystemExit(f"{args.run}/sft-model: missing (a campaign with an SFT stage exports it; `toolgym sft` "
-                         f"makes one)")
+        raise SystemExit(f"{args.run}/sft-model: missing (a campaign with an SFT stage exports it; `toolgym sft` makes one)")
     config = yaml.safe_load((args.run / "config.yaml").read_text())
     suites = [mix["suite"] for mix in config["envs"]]
     run_sft = {suite: stage_numbers(args.run, "sft", suite)[0] for suite in suites}  # the run's own SFT score
@@ -186,44 +211,59 @@ def main() -> None:
             final, final_cats, after, limits_hit = stage_numbers(out, "final", suite)
             diff = paired_difference(before, after, seed=0)  # the bootstrap the run's own report uses
             finals[(arm, seed, suite)] = after
-            results.append({"seed": seed, "arm": arm, "sampler": sampler, "suite": suite,
-                            "run": str(out), "seconds": round(seconds, 1),
-                            "rollouts": rollouts, "zero_variance_rollouts": zero,
-                            "run_sft_pass@1": run_sft[suite], "initial": initial, "final": final,
-                            "final_minus_initial": {"points": diff.value * 100,
-                                                    "ci": [diff.low * 100, diff.high * 100]},
-                            "episodes": len(after), "final_limits_hit": limits_hit,
-                            "by_category": {"initial": initial_cats, "final": final_cats}})
+            results.append(
+                {
+                    "seed": seed,
+                    "arm": arm,
+                    "sampler": sampler,
+                    "suite": suite,
+                    "run": str(out),
+                    "seconds": round(seconds, 1),
+                    "rollouts": rollouts,
+                    "zero_variance_rollouts": zero,
+                    "run_sft_pass@1": run_sft[suite],
+                    "initial": initial,
+                    "final": final,
+                    "final_minus_initial": {"points": diff.value * 100, "ci": [diff.low * 100, diff.high * 100]},
+                    "episodes": len(after),
+                    "final_limits_hit": limits_hit,
+                    "by_category": {"initial": initial_cats, "final": final_cats},
+                }
+            )
     print()
     for r in results:
         g = r["final_minus_initial"]
-        cats = ", ".join(f"{c} {r['by_category']['initial'].get(c, 0):.2f}->{v:.2f}"
-                         for c, v in sorted(r["by_category"]["final"].items()))
+        cats = ", ".join(f"{c} {r['by_category']['initial'].get(c, 0):.2f}->{v:.2f}" for c, v in sorted(r["by_category"]["final"].items()))
         same = "reproduces" if abs(r["initial"] - r["run_sft_pass@1"]) < 1e-9 else "DIFFERS FROM"
-        print(f"{r['arm']} seed {r['seed']}: {r['suite']} held-out pass@1 SFT {r['initial']:.3f} ({same} the run's SFT "
-              f"{r['run_sft_pass@1']:.3f}) -> final {r['final']:.3f} (final - SFT {g['points']:+.1f} points, "
-              f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired; {r['episodes']} episodes; "
-              f"limits hit {r['final_limits_hit'] or 'none'}; {r['seconds'] / 60:.1f} min)\n  rollouts "
-              f"{r['rollouts']}, in zero-variance groups {r['zero_variance_rollouts'] / max(1, r['rollouts']):.0%}; "
-              f"by category: {cats}")
+        print(
+            f"{r['arm']} seed {r['seed']}: {r['suite']} held-out pass@1 SFT {r['initial']:.3f} ({same} the run's SFT "
+            f"{r['run_sft_pass@1']:.3f}) -> final {r['final']:.3f} (final - SFT {g['points']:+.1f} points, "
+            f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired; {r['episodes']} episodes; "
+            f"limits hit {r['final_limits_hit'] or 'none'}; {r['seconds'] / 60:.1f} min)\n  rollouts "
+            f"{r['rollouts']}, in zero-variance groups {r['zero_variance_rollouts'] / max(1, r['rollouts']):.0%}; "
+            f"by category: {cats}"
+        )
     comparisons = []
     for suite in suites:
         for kind in dict.fromkeys(r["arm"] for r in results):
             gains = [r["final_minus_initial"]["points"] for r in results if r["suite"] == suite and r["arm"] == kind]
             if len(gains) > 1:
-                print(f"{suite}, {kind}, {len(gains)} seeds of GRPO from one SFT checkpoint: final - SFT mean "
-                      f"{statistics.mean(gains):+.1f} points, sd {statistics.stdev(gains):.1f}, "
-                      f"min {min(gains):+.1f}, max {max(gains):+.1f}")
+                print(
+                    f"{suite}, {kind}, {len(gains)} seeds of GRPO from one SFT checkpoint: final - SFT mean "
+                    f"{statistics.mean(gains):+.1f} points, sd {statistics.stdev(gains):.1f}, "
+                    f"min {min(gains):+.1f}, max {max(gains):+.1f}"
+                )
         for other in chosen[1:] if option and (len(chosen) == 2 or option == "arms") else []:
             c = compare_arms(results, finals, chosen[0], other, suite)
             comparisons.append(c)
             s, g = c["zero_variance_share"], c["final_a_minus_b"]
             ratio = f"{c['ratio_b_over_a']:.2f}x" if c["ratio_b_over_a"] else "n/a"
-            print(f"{suite}: rollouts in zero-variance groups {c['a']} {s[c['a']]:.0%}, {c['b']} {s[c['b']]:.0%} "
-                  f"({c['b']} / {c['a']} = {ratio}); final held-out {c['a']} - {c['b']} {g['points']:+.1f} points, "
-                  f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired by seed and task")
-    key = {"samplers": "sampler_comparison", "advantages": "advantage_comparison",
-           "arms": "arm_comparison"}.get(option or "")
+            print(
+                f"{suite}: rollouts in zero-variance groups {c['a']} {s[c['a']]:.0%}, {c['b']} {s[c['b']]:.0%} "
+                f"({c['b']} / {c['a']} = {ratio}); final held-out {c['a']} - {c['b']} {g['points']:+.1f} points, "
+                f"95% CI [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}], paired by seed and task"
+            )
+    key = {"samplers": "sampler_comparison", "advantages": "advantage_comparison", "arms": "arm_comparison"}.get(option or "")
     write_results(args.json, {"seeds": results, key: comparisons} if comparisons else results)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402  (bench/common.py)
+
 from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 from toolgym.sandbox.base import IMAGE_TAG
 from toolgym.sandbox.docker_pool import WarmPool, client, remover
@@ -55,6 +56,7 @@ class MemoryWatch:
         def run():
             while not self.stop.wait(0.05):
                 self.peak = max(self.peak, self._used())
+
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
         return self
@@ -151,13 +153,21 @@ def bench_concurrency(backend: str, sandboxes: int, loops: int, pool: WarmPool |
         with ThreadPoolExecutor(max_workers=sandboxes) as ex:
             list(ex.map(worker, range(sandboxes)))
         elapsed = time.perf_counter() - start
-    return {"sandboxes": sandboxes, "execs": count[0], "seconds": elapsed, "execs_per_s": count[0] / elapsed,
-            "failures": len(failures), "failure_examples": failures[:3], "peak_memory_mb": mem.peak_mb}
+    return {
+        "sandboxes": sandboxes,
+        "execs": count[0],
+        "seconds": elapsed,
+        "execs_per_s": count[0] / elapsed,
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "peak_memory_mb": mem.peak_mb,
+    }
 
 
 def host_limits() -> dict:
     """What bounds concurrent bwrap sandboxes on this machine (each running exec is a bwrap, a
     shell and the command: a user namespace, a mount namespace with an overlay, a few pids)."""
+
     def read(path: str) -> str:
         try:
             return Path(path).read_text().strip()
@@ -166,12 +176,15 @@ def host_limits() -> dict:
 
     import resource
 
-    return {"pid_max": read("/proc/sys/kernel/pid_max"), "threads_max": read("/proc/sys/kernel/threads-max"),
-            "max_user_namespaces": read("/proc/sys/user/max_user_namespaces"),
-            "max_mnt_namespaces": read("/proc/sys/user/max_mnt_namespaces"),
-            "open_files_soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-            "processes_soft": resource.getrlimit(resource.RLIMIT_NPROC)[0],
-            "mem_total_mb": int(read("/proc/meminfo").split()[1]) // 1024}
+    return {
+        "pid_max": read("/proc/sys/kernel/pid_max"),
+        "threads_max": read("/proc/sys/kernel/threads-max"),
+        "max_user_namespaces": read("/proc/sys/user/max_user_namespaces"),
+        "max_mnt_namespaces": read("/proc/sys/user/max_mnt_namespaces"),
+        "open_files_soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "processes_soft": resource.getrlimit(resource.RLIMIT_NPROC)[0],
+        "mem_total_mb": int(read("/proc/meminfo").split()[1]) // 1024,
+    }
 
 
 def bench_many_alive(n: int) -> dict:
@@ -201,10 +214,17 @@ def bench_many_alive(n: int) -> dict:
         exec_s = time.perf_counter() - t
     for box in boxes:
         box.close()
-    return {"sandboxes": n, "alive": len(boxes), "create_s": create_s, "concurrent_exec_s": exec_s,
-            "failures": len(failures), "failure_examples": failures[:3],
-            "idle_memory_mb_per_sandbox": idle_mem.peak_mb / max(1, len(boxes)),
-            "running_memory_mb_per_sandbox": busy_mem.peak_mb / max(1, len(boxes)), "host": host_limits()}
+    return {
+        "sandboxes": n,
+        "alive": len(boxes),
+        "create_s": create_s,
+        "concurrent_exec_s": exec_s,
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "idle_memory_mb_per_sandbox": idle_mem.peak_mb / max(1, len(boxes)),
+        "running_memory_mb_per_sandbox": busy_mem.peak_mb / max(1, len(boxes)),
+        "host": host_limits(),
+    }
 
 
 def _try(fn):
@@ -220,8 +240,14 @@ def bench_naive_docker(n: int) -> dict:
     times = []
     for _ in range(n):
         t = time.perf_counter()
-        container = c.containers.run(IMAGE_TAG, ["sleep", "infinity"], detach=True, network_mode="none",
-                                     user="1000:1000", labels={"toolgym": "1", "toolgym.bench": "naive"})
+        container = c.containers.run(
+            IMAGE_TAG,
+            ["sleep", "infinity"],
+            detach=True,
+            network_mode="none",
+            user="1000:1000",
+            labels={"toolgym": "1", "toolgym.bench": "naive"},
+        )
         container.remove(force=True)
         times.append(time.perf_counter() - t)
     return {"reset": pct(times)}
@@ -246,16 +272,22 @@ def main() -> None:
     b, f, d, nv = out["bwrap"], out["bwrap_fresh"], out["docker"], out["naive_docker"]
     print(f"{'':24}{'reset p50':>11}{'reset p95':>11}{'exec p50':>10}{'exec p95':>10}{'create':>9}")
     for name, r in (("bwrap (resident init)", b), ("bwrap (bwrap per exec)", f), ("docker+pool", d)):
-        print(f"{name:24}{r['reset']['p50_ms']:>9.1f}ms{r['reset']['p95_ms']:>9.1f}ms"
-              f"{r['exec_true']['p50_ms']:>8.1f}ms{r['exec_true']['p95_ms']:>8.1f}ms{r['create_s'] * 1000:>7.0f}ms")
+        print(
+            f"{name:24}{r['reset']['p50_ms']:>9.1f}ms{r['reset']['p95_ms']:>9.1f}ms"
+            f"{r['exec_true']['p50_ms']:>8.1f}ms{r['exec_true']['p95_ms']:>8.1f}ms{r['create_s'] * 1000:>7.0f}ms"
+        )
     print(f"{'naive docker':24}{nv['reset']['p50_ms']:>9.1f}ms{nv['reset']['p95_ms']:>9.1f}ms   (a fresh container per reset)")
     print(f"exec: resident init {f['exec_true']['p50_ms'] / b['exec_true']['p50_ms']:.1f}x faster than a bwrap per exec")
-    print(f"reset speed-up vs naive docker: bwrap {nv['reset']['p50_ms'] / b['reset']['p50_ms']:.0f}x, "
-          f"docker+pool {nv['reset']['p50_ms'] / d['reset']['p50_ms']:.1f}x")
-    print("docker reset, where the time goes (p50): kill + clear /tmp inside with docker exec "
-          f"{prof['kill_and_clear_inside']['p50_ms']:.1f} ms vs from the host "
-          f"{prof['kill_and_clear_from_host']['p50_ms']:.1f} ms; restoring the workspace "
-          f"{prof['restore_workspace']['p50_ms']:.1f} ms")
+    print(
+        f"reset speed-up vs naive docker: bwrap {nv['reset']['p50_ms'] / b['reset']['p50_ms']:.0f}x, "
+        f"docker+pool {nv['reset']['p50_ms'] / d['reset']['p50_ms']:.1f}x"
+    )
+    print(
+        "docker reset, where the time goes (p50): kill + clear /tmp inside with docker exec "
+        f"{prof['kill_and_clear_inside']['p50_ms']:.1f} ms vs from the host "
+        f"{prof['kill_and_clear_from_host']['p50_ms']:.1f} ms; restoring the workspace "
+        f"{prof['restore_workspace']['p50_ms']:.1f} ms"
+    )
 
     out["bwrap_concurrency"] = bench_concurrency("bwrap", 32 if args.quick else 128, 5)
     out["docker_concurrency"] = bench_concurrency("docker", 8 if args.quick else 32, 5, pool)
@@ -263,13 +295,17 @@ def main() -> None:
     remover().drain()
     for name in ("bwrap_concurrency", "docker_concurrency"):
         r = out[name]
-        print(f"{name}: {r['sandboxes']} sandboxes, {r['execs']} execs in {r['seconds']:.1f}s = "
-              f"{r['execs_per_s']:.0f} execs/s, {r['failures']} failures, peak memory +{r['peak_memory_mb']:.0f} MB")
+        print(
+            f"{name}: {r['sandboxes']} sandboxes, {r['execs']} execs in {r['seconds']:.1f}s = "
+            f"{r['execs_per_s']:.0f} execs/s, {r['failures']} failures, peak memory +{r['peak_memory_mb']:.0f} MB"
+        )
     many = out["bwrap_alive"] = bench_many_alive(64 if args.quick else args.many)
-    print(f"bwrap, {many['sandboxes']} alive at once: created in {many['create_s']:.1f}s, one command in each at the "
-          f"same time took {many['concurrent_exec_s']:.1f}s, {many['failures']} failures "
-          f"{many['failure_examples'][:1]}; memory per sandbox {many['idle_memory_mb_per_sandbox']:.2f} MB idle, "
-          f"{many['running_memory_mb_per_sandbox']:.2f} MB while running; host limits {many['host']}")
+    print(
+        f"bwrap, {many['sandboxes']} alive at once: created in {many['create_s']:.1f}s, one command in each at the "
+        f"same time took {many['concurrent_exec_s']:.1f}s, {many['failures']} failures "
+        f"{many['failure_examples'][:1]}; memory per sandbox {many['idle_memory_mb_per_sandbox']:.2f} MB idle, "
+        f"{many['running_memory_mb_per_sandbox']:.2f} MB while running; host limits {many['host']}"
+    )
     write_results(args.out, out)
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402  (bench/common.py)
+
 from toolgym.sandbox import SandboxConfig, make_sandbox
 from toolgym.sandbox.base import SandboxInfraError
 from toolgym.tasks import builtin_suite
@@ -46,8 +47,10 @@ from toolgym.verifiers import FinalState, Outcome, verifier_for
 
 WORKSPACE = {f"src/mod{i}.py": f"def f{i}(x):\n    return x + {i}\n" for i in range(10)} | {"README.md": "stress\n"}
 #: leaves a process behind, writes the workspace and /tmp: everything a reset must undo
-DIRTY = ("sleep 60 & echo changed > src/mod0.py && echo new > new.txt && mkdir -p d && echo x > d/y "
-         "&& echo scratch > /tmp/scratch && rm README.md")
+DIRTY = (
+    "sleep 60 & echo changed > src/mod0.py && echo new > new.txt && mkdir -p d && echo x > d/y "
+    "&& echo scratch > /tmp/scratch && rm README.md"
+)
 
 
 class Counts:
@@ -55,8 +58,16 @@ class Counts:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.values = {"resets": 0, "execs": 0, "restores": 0, "verifications": 0, "spurious_leftovers": 0,
-                       "infra_errors": 0, "command_failures": 0, "verification_failures": 0}
+        self.values = {
+            "resets": 0,
+            "execs": 0,
+            "restores": 0,
+            "verifications": 0,
+            "spurious_leftovers": 0,
+            "infra_errors": 0,
+            "command_failures": 0,
+            "verification_failures": 0,
+        }
         self.examples: list[str] = []
 
     def add(self, key: str, n: int = 1, example: str | None = None) -> None:
@@ -106,8 +117,10 @@ def sandbox_loop(backend: str, resets: int, counts: Counts, stop: threading.Even
                 files = box.files()
                 scratch = box.exec("ls -A /tmp", timeout_s=20).stdout.strip()
                 if left or files != pristine or scratch:
-                    counts.add("spurious_leftovers", example=f"after reset {i}: processes {left[:3]}, "
-                               f"files differ: {files != pristine}, /tmp: {scratch[:80]!r}")
+                    counts.add(
+                        "spurious_leftovers",
+                        example=f"after reset {i}: processes {left[:3]}, files differ: {files != pristine}, /tmp: {scratch[:80]!r}",
+                    )
             except SandboxInfraError as err:
                 counts.add("infra_errors", example=f"round {i}: {err}")
     finally:
@@ -122,12 +135,10 @@ def verify_loop(backend: str, counts: Counts, stop: threading.Event) -> None:
     while not stop.is_set():
         task = tasks[i % len(tasks)]
         call = task.oracle[0]
-        verdict = verifier_for(task, config).verify(
-            task, FinalState(changes={call.arguments["path"]: call.arguments["content"]}))
+        verdict = verifier_for(task, config).verify(task, FinalState(changes={call.arguments["path"]: call.arguments["content"]}))
         counts.add("verifications")
         if verdict.outcome != Outcome.PASSED:
-            key = "infra_errors" if verdict.outcome in (Outcome.INFRA_ERROR, Outcome.VERIFIER_ERROR) \
-                else "verification_failures"
+            key = "infra_errors" if verdict.outcome in (Outcome.INFRA_ERROR, Outcome.VERIFIER_ERROR) else "verification_failures"
             counts.add(key, example=f"verify {task.id[:10]}: {verdict.outcome.value}: {verdict.reason[:160]}")
         i += 1
 
@@ -149,7 +160,7 @@ def run_backend(backend: str, resets: int, sandboxes: int, concurrent: bool = Fa
 def neighbour() -> None:
     """Another toolgym process on the machine: its own bwrap sandboxes, reset in a loop."""
     counts = Counts()
-    sandbox_loop("bwrap", 10 ** 9, counts, threading.Event())
+    sandbox_loop("bwrap", 10**9, counts, threading.Event())
 
 
 def main() -> None:
@@ -160,8 +171,11 @@ def main() -> None:
     parser.add_argument("--backends", default="bwrap,docker")
     parser.add_argument("--burners", type=int, default=os.cpu_count() or 2, help="CPU-bound processes beside it")
     parser.add_argument("--neighbour", action="store_true", help="another toolgym process with its own sandboxes")
-    parser.add_argument("--concurrent", action="store_true", help="also run a second command in the same sandbox "
-                        "while the first runs (a known limit: see the module docstring)")
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="also run a second command in the same sandbox while the first runs (a known limit: see the module docstring)",
+    )
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="runs/bench/stress.json")
     args = parser.parse_args()
@@ -171,16 +185,22 @@ def main() -> None:
     others = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
     if args.neighbour:
         others.append(subprocess.Popen([sys.executable, __file__, "--role", "neighbour"]))
-    print(f"load: {args.burners} CPU-bound process(es){' and a neighbouring toolgym process' if args.neighbour else ''} "
-          f"on {os.cpu_count()} cores", flush=True)
+    print(
+        f"load: {args.burners} CPU-bound process(es){' and a neighbouring toolgym process' if args.neighbour else ''} "
+        f"on {os.cpu_count()} cores",
+        flush=True,
+    )
     results: dict = {"burners": args.burners, "neighbour": args.neighbour, "cores": os.cpu_count()}
     try:
         for backend in args.backends.split(","):
             r = results[backend] = run_backend(backend, args.resets, args.sandboxes, args.concurrent)
-            print(f"{backend:6} {r['resets']} resets ({r['restores']} restores, {r['execs']} execs) and "
-                  f"{r['verifications']} verifications in {r['seconds']:.0f} s: spurious leftovers "
-                  f"{r['spurious_leftovers']}, infra errors {r['infra_errors']}, failed commands "
-                  f"{r['command_failures']}, verification failures {r['verification_failures']}", flush=True)
+            print(
+                f"{backend:6} {r['resets']} resets ({r['restores']} restores, {r['execs']} execs) and "
+                f"{r['verifications']} verifications in {r['seconds']:.0f} s: spurious leftovers "
+                f"{r['spurious_leftovers']}, infra errors {r['infra_errors']}, failed commands "
+                f"{r['command_failures']}, verification failures {r['verification_failures']}",
+                flush=True,
+            )
             for example in r["examples"]:
                 print(f"       {example}")
     finally:
@@ -188,8 +208,11 @@ def main() -> None:
             p.kill()
             p.wait()
     write_results(args.out, results)
-    bad = sum(results[b][k] for b in args.backends.split(",")
-              for k in ("spurious_leftovers", "infra_errors", "command_failures", "verification_failures"))
+    bad = sum(
+        results[b][k]
+        for b in args.backends.split(",")
+        for k in ("spurious_leftovers", "infra_errors", "command_failures", "verification_failures")
+    )
     sys.exit(1 if bad else 0)
 
 

@@ -35,7 +35,7 @@ def use_trl_schemas() -> None:
     from transformers.utils import get_json_schema
 
     from toolgym.envs.families.records import RecordsEnv
-    from toolgym.trainers.trl_adapter import environment_factory
+    from toolgym.integrations.trl_adapter import environment_factory
 
     adapter = environment_factory("records-v0")
     schemas = [get_json_schema(getattr(adapter, name)) for name in sorted(RecordsEnv._tools)]
@@ -50,10 +50,15 @@ def warm_model(sft_steps: int) -> Path:
     from toolgym.trainers.campaign import Campaign
     from toolgym.trainers.config import CampaignConfig
 
-    config = CampaignConfig.model_validate({
-        "name": "trl-step-warmup", "out_dir": str(SFT_DIR.with_name("trl-step-warmup")),
-        "envs": [{"env": "records-v0", "suite": "records", "eval_tasks": 8}],
-        "sft": {"steps": sft_steps, "batch_size": 16, "lr": 0.005, "demos_per_suite": 400}, "rl": {"steps": 0}})
+    config = CampaignConfig.model_validate(
+        {
+            "name": "trl-step-warmup",
+            "out_dir": str(SFT_DIR.with_name("trl-step-warmup")),
+            "envs": [{"env": "records-v0", "suite": "records", "eval_tasks": 8}],
+            "sft": {"steps": sft_steps, "batch_size": 16, "lr": 0.005, "demos_per_suite": 400},
+            "rl": {"steps": 0},
+        }
+    )
     campaign = Campaign(config, progress=False)
     campaign.run(sft_only=True)
     campaign.policy.model.save_pretrained(SFT_DIR)
@@ -67,15 +72,23 @@ def ours(model_dir: str, prompts: int, group: int, steps: int) -> dict:
     from toolgym.trainers.campaign import Campaign
     from toolgym.trainers.config import CampaignConfig
 
-    config = CampaignConfig.model_validate({
-        "name": "bench-ours", "out_dir": tempfile.mkdtemp(), "model": {"init": model_dir, "device": "cpu", "dtype": "fp32"},
-        "envs": [{"env": "records-v0", "suite": "records", "train_tasks": prompts * (steps + 1)}],
-        "rl": {"steps": steps + 1, "tasks_per_step": prompts, "group_size": group, "drop_zero_variance": False,
-               "learner": {"lr": 1e-5, "loss": "ppo", "agg": "token-mean", "eps_low": 0.2, "eps_high": 0.28,
-                           "kl_beta": 0.0}},
-        "sampler": {"kind": "uniform"},
-        "rollout": {"max_turns": 4, "max_new_tokens": 64, "max_total_tokens": 2048, "temperature": 1.0,
-                    "concurrency": prompts * group}})
+    config = CampaignConfig.model_validate(
+        {
+            "name": "bench-ours",
+            "out_dir": tempfile.mkdtemp(),
+            "model": {"init": model_dir, "device": "cpu", "dtype": "fp32"},
+            "envs": [{"env": "records-v0", "suite": "records", "train_tasks": prompts * (steps + 1)}],
+            "rl": {
+                "steps": steps + 1,
+                "tasks_per_step": prompts,
+                "group_size": group,
+                "drop_zero_variance": False,
+                "learner": {"lr": 1e-5, "loss": "ppo", "agg": "token-mean", "eps_low": 0.2, "eps_high": 0.28, "kl_beta": 0.0},
+            },
+            "sampler": {"kind": "uniform"},
+            "rollout": {"max_turns": 4, "max_new_tokens": 64, "max_total_tokens": 2048, "temperature": 1.0, "concurrency": prompts * group},
+        }
+    )
     campaign = Campaign(config, progress=False)
     times, rewards, tool_calls = [], [], []
     try:
@@ -98,25 +111,47 @@ def trl(model_dir: str, prompts: int, group: int, steps: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from toolgym.harness.datasets import suite_to_dataset
+    from toolgym.integrations.datasets import suite_to_dataset
+    from toolgym.integrations.trl_adapter import environment_factory, prepare_tokenizer
     from toolgym.tasks import builtin_suite
-    from toolgym.trainers.trl_adapter import environment_factory, prepare_tokenizer
 
     tok = prepare_tokenizer(AutoTokenizer.from_pretrained(model_dir))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     data = suite_to_dataset(builtin_suite("records"), "train").select(range(prompts * (steps + 1)))
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(), max_steps=steps + 1, per_device_train_batch_size=prompts * group,
-                      num_generations=group, max_completion_length=256, max_tool_calling_iterations=4,
-                      learning_rate=1e-5, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0,
-                      temperature=1.0, bf16=False, activation_checkpointing=False, use_cpu=True, logging_steps=1,
-                      report_to=[], save_strategy="no", shuffle_dataset=False, disable_tqdm=True)
-    trainer = GRPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                          environment_factory=environment_factory("records-v0"))
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(),
+        max_steps=steps + 1,
+        per_device_train_batch_size=prompts * group,
+        num_generations=group,
+        max_completion_length=256,
+        max_tool_calling_iterations=4,
+        learning_rate=1e-5,
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        temperature=1.0,
+        bf16=False,
+        activation_checkpointing=False,
+        use_cpu=True,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        shuffle_dataset=False,
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=model, args=args, train_dataset=data, processing_class=tok, environment_factory=environment_factory("records-v0")
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "step_time" in h]
     times = [h["step_time"] for h in logs]
-    return {"step_s": sum(times[1:]) / steps, "steps_s": times, "reward_mean": [h["reward"] for h in logs],
-            "tool_calls_mean": [h.get("tools/call_frequency") for h in logs]}
+    return {
+        "step_s": sum(times[1:]) / steps,
+        "steps_s": times,
+        "reward_mean": [h["reward"] for h in logs],
+        "tool_calls_mean": [h.get("tools/call_frequency") for h in logs],
+    }
 
 
 def child(which: str, model_dir: str, prompts: int, group: int, steps: int) -> None:
@@ -143,24 +178,43 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"ours": [], "trl": []}
     for _ in range(args.rounds):  # interleaved rounds: machine noise hits both trainers alike
         for which in ("ours", "trl"):
-            proc = subprocess.run([sys.executable, __file__, "--child", which, "--model", model_dir, "--prompts",
-                                   str(args.prompts), "--group", str(args.group), "--steps", str(args.steps)],
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    which,
+                    "--model",
+                    model_dir,
+                    "--prompts",
+                    str(args.prompts),
+                    "--group",
+                    str(args.group),
+                    "--steps",
+                    str(args.steps),
+                ],
+                capture_output=True,
+                text=True,
+            )
             line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode != 0 or not line:
                 sys.exit(f"{which} failed:\n{proc.stderr[-3000:]}")
-            runs[which].append(json.loads(line[0][len("RESULT "):]))
+            runs[which].append(json.loads(line[0][len("RESULT ") :]))
     results: dict = {}
     for which, rs in runs.items():  # the median round by step time
         rs = sorted(rs, key=lambda r: r["step_s"])
         results[which] = {**rs[len(rs) // 2], "rounds_step_s": [r["step_s"] for r in runs[which]]}
     o, t = results["ours"], results["trl"]
-    print(f"{args.prompts} prompts x G={args.group}, {args.steps} timed steps (after one warm-up) x {args.rounds} "
-          f"interleaved rounds (median shown), same tiny model")
+    print(
+        f"{args.prompts} prompts x G={args.group}, {args.steps} timed steps (after one warm-up) x {args.rounds} "
+        f"interleaved rounds (median shown), same tiny model"
+    )
     print(f"{'':8s} {'s/step':>8s} {'peak RSS MB':>12s}  reward per step / tool calls per episode")
     for name, r in results.items():
-        print(f"{name:8s} {r['step_s']:8.2f} {r['peak_rss_mb']:12.0f}  {[round(x, 2) for x in r['reward_mean']]} / "
-              f"{[round(x or 0, 2) for x in r['tool_calls_mean']]}")
+        print(
+            f"{name:8s} {r['step_s']:8.2f} {r['peak_rss_mb']:12.0f}  {[round(x, 2) for x in r['reward_mean']]} / "
+            f"{[round(x or 0, 2) for x in r['tool_calls_mean']]}"
+        )
     results["ratio_step_time"] = o["step_s"] / t["step_s"]
     results["ratio_peak_rss"] = o["peak_rss_mb"] / t["peak_rss_mb"]
     print(f"rounds (s/step): ours {[round(x, 2) for x in o['rounds_step_s']]}, TRL {[round(x, 2) for x in t['rounds_step_s']]}")

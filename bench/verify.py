@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402  (bench/common.py)
+
 from toolgym.sandbox import SandboxConfig
 from toolgym.sandbox.docker_pool import remover, shared_pool
 from toolgym.tasks import TaskSuite, builtin_suite, suite_specs
@@ -55,8 +56,14 @@ def run(backend: str, tasks: list, workers: int) -> dict:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         outcomes = list(pool.map(one, tasks))
     wall = time.perf_counter() - start
-    return {"workers": workers, "tasks": len(tasks), "wall_s": wall, "latencies_ms": [x * 1000 for x in latencies],
-            "passed": sum(o == Outcome.PASSED for o in outcomes), "stages_ms": stages}
+    return {
+        "workers": workers,
+        "tasks": len(tasks),
+        "wall_s": wall,
+        "latencies_ms": [x * 1000 for x in latencies],
+        "passed": sum(o == Outcome.PASSED for o in outcomes),
+        "stages_ms": stages,
+    }
 
 
 def summary(rounds: list[dict]) -> dict:
@@ -67,11 +74,17 @@ def summary(rounds: list[dict]) -> dict:
         for stage, values in r["stages_ms"].items():
             stages.setdefault(stage, []).extend(values)
     walls = [r["wall_s"] for r in rounds]
-    return {"workers": rounds[0]["workers"], "tasks": rounds[0]["tasks"], "rounds": len(rounds),
-            "wall_s": float(np.median(walls)), "wall_s_each": walls,
-            "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
-            "passed": min(r["passed"] for r in rounds),
-            "stages_p50_ms": {k: float(np.percentile(v, 50)) for k, v in stages.items()}}
+    return {
+        "workers": rounds[0]["workers"],
+        "tasks": rounds[0]["tasks"],
+        "rounds": len(rounds),
+        "wall_s": float(np.median(walls)),
+        "wall_s_each": walls,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p95_ms": float(np.percentile(lat, 95)),
+        "passed": min(r["passed"] for r in rounds),
+        "stages_p50_ms": {k: float(np.percentile(v, 50)) for k, v in stages.items()},
+    }
 
 
 def _spin(n: int) -> int:
@@ -113,16 +126,18 @@ def main() -> None:
     parser.add_argument("--suite", default="code-repair", help="registered suite or suite directory")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of (one at a time, 8 at a time) per backend")
     parser.add_argument("--out", default=None, help="default: runs/bench/verify[-SUITE].json")
-    parser.add_argument("--differential-cost", action="store_true",
-                        help="mined suites: also grade the same tasks one at a time without their differential "
-                             "checks, interleaved round by round, and print the p50 ratio")
+    parser.add_argument(
+        "--differential-cost",
+        action="store_true",
+        help="mined suites: also grade the same tasks one at a time without their differential "
+        "checks, interleaved round by round, and print the p50 ratio",
+    )
     args = parser.parse_args()
     suite = builtin_suite(args.suite) if args.suite in suite_specs() else TaskSuite.load(args.suite)
     step = max(1, len(suite) // args.tasks)
     tasks = suite.tasks[::step][: args.tasks]
     print(f"{len(tasks)} tasks of {suite.name} ({len(suite)} in all), oracle fixes")
-    args.out = args.out or ("runs/bench/verify.json" if args.suite == "code-repair"
-                            else f"runs/bench/verify-{suite.name}.json")
+    args.out = args.out or ("runs/bench/verify.json" if args.suite == "code-repair" else f"runs/bench/verify-{suite.name}.json")
     out = {"machine_ceiling": machine_ceiling(args.rounds)}
     print(f"this machine's ceiling: plain CPU work in 2 processes vs 1 gives {out['machine_ceiling']:.2f}x")
     for backend in ("bwrap", "docker"):
@@ -139,19 +154,28 @@ def main() -> None:
                 with_checks.append(run(backend, tasks, 1))
             a, b = summary(with_checks), summary(without)
             out[backend + "_differential_cost"] = {"with": a, "without": b, "p50_ratio": a["p50_ms"] / b["p50_ms"]}
-            print(f"{backend:6} differential checks: p50 {a['p50_ms']:.0f} ms with, {b['p50_ms']:.0f} ms without "
-                  f"({a['p50_ms'] / b['p50_ms']:.2f}x; {a['passed']} and {b['passed']} of {a['tasks']} passed)")
+            print(
+                f"{backend:6} differential checks: p50 {a['p50_ms']:.0f} ms with, {b['p50_ms']:.0f} ms without "
+                f"({a['p50_ms'] / b['p50_ms']:.2f}x; {a['passed']} and {b['passed']} of {a['tasks']} passed)"
+            )
         seq, par = summary(rounds[1]), summary(rounds[8])
-        out[backend] = {"sequential": seq, "parallel_8": par, "speedup": seq["wall_s"] / par["wall_s"],
-                        "speedup_each": [a / b for a, b in zip(seq["wall_s_each"], par["wall_s_each"])]}
-        print(f"{backend:6} one at a time: p50 {seq['p50_ms']:.0f} ms, p95 {seq['p95_ms']:.0f} ms, "
-              f"{seq['wall_s']:.1f} s for {seq['tasks']} tasks ({seq['passed']} passed) | 8 in parallel: "
-              f"{par['wall_s']:.1f} s (p50 {par['p50_ms']:.0f} ms, {par['passed']} passed) | "
-              f"ratio {out[backend]['speedup']:.2f}x (rounds: "
-              + ", ".join(f"{x:.2f}x" for x in out[backend]["speedup_each"]) + ")")
+        out[backend] = {
+            "sequential": seq,
+            "parallel_8": par,
+            "speedup": seq["wall_s"] / par["wall_s"],
+            "speedup_each": [a / b for a, b in zip(seq["wall_s_each"], par["wall_s_each"])],
+        }
+        print(
+            f"{backend:6} one at a time: p50 {seq['p50_ms']:.0f} ms, p95 {seq['p95_ms']:.0f} ms, "
+            f"{seq['wall_s']:.1f} s for {seq['tasks']} tasks ({seq['passed']} passed) | 8 in parallel: "
+            f"{par['wall_s']:.1f} s (p50 {par['p50_ms']:.0f} ms, {par['passed']} passed) | "
+            f"ratio {out[backend]['speedup']:.2f}x (rounds: " + ", ".join(f"{x:.2f}x" for x in out[backend]["speedup_each"]) + ")"
+        )
         if seq["stages_p50_ms"]:
-            print("       where one verification's time goes (p50): " + ", ".join(
-                f"{k.replace('_', ' ')} {v:.0f} ms" for k, v in seq["stages_p50_ms"].items()))
+            print(
+                "       where one verification's time goes (p50): "
+                + ", ".join(f"{k.replace('_', ' ')} {v:.0f} ms" for k, v in seq["stages_p50_ms"].items())
+            )
     remover().drain()
     write_results(args.out, out)
 

@@ -7,8 +7,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="toolgym: environments, verifiers, "
-                  "rollouts and training for LLM agents that use tools.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="toolgym: environments, verifiers, rollouts and training for LLM agents that use tools.",
+)
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
@@ -18,8 +21,9 @@ class CLIError(Exception):
 
 
 @app.callback()
-def _root(imports: list[str] = typer.Option([], "--import", "-i", help="Python file or module that "
-                                            "registers environments (repeatable).")) -> None:
+def _root(
+    imports: list[str] = typer.Option([], "--import", "-i", help="Python file or module that registers environments (repeatable)."),
+) -> None:
     from toolgym.envs import import_source
 
     for source in imports:
@@ -43,5 +47,3 @@ def load_suite(name_or_path: str):
         return TaskSuite.load(name_or_path)
     known = ", ".join(sorted(suite_specs())) or "(none)"
     raise CLIError(f"no suite {name_or_path!r}: not a path, and registered suites are: {known}")
-
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -24,15 +23,19 @@ def envs() -> None:
 
 
 @app.command()
-def tasks(suite: str = typer.Argument(..., help="registered suite name, or a suite directory/JSONL"),
-          split: Optional[str] = typer.Option(None, help="train or held-out"),
-          limit: int = typer.Option(10, help="how many tasks to list"),
-          save: Optional[Path] = typer.Option(None, help="write the (split of the) suite to a dir or .jsonl"),
-          to_dataset: Optional[Path] = typer.Option(None, "--to-dataset", help="write the suite as a Hugging Face "
-                                                    "DatasetDict (train, held_out) to this directory"),
-          demos: int = typer.Option(0, help="with --to-dataset: also write the first N train tasks' oracle "
-                                    "demonstrations (SFTTrainer format) to DIR/sft"),
-          check: bool = typer.Option(True, help="check held-out/train disjointness")) -> None:
+def tasks(
+    suite: str = typer.Argument(..., help="registered suite name, or a suite directory/JSONL"),
+    split: str | None = typer.Option(None, help="train or held-out"),
+    limit: int = typer.Option(10, help="how many tasks to list"),
+    save: Path | None = typer.Option(None, help="write the (split of the) suite to a dir or .jsonl"),
+    to_dataset: Path | None = typer.Option(
+        None, "--to-dataset", help="write the suite as a Hugging Face DatasetDict (train, held_out) to this directory"
+    ),
+    demos: int = typer.Option(
+        0, help="with --to-dataset: also write the first N train tasks' oracle demonstrations (SFTTrainer format) to DIR/sft"
+    ),
+    check: bool = typer.Option(True, help="check held-out/train disjointness"),
+) -> None:
     """Show a task suite: counts per split and family, and the first tasks.
 
     `toolgym tasks mine PKG==VER --out DIR` mines a new suite from PyPI packages (see `--help` there)."""
@@ -51,15 +54,14 @@ def tasks(suite: str = typer.Argument(..., help="registered suite name, or a sui
     console.print(table)
     if check and "held-out" in s.splits and "train" in s.splits:
         report = s.leaks()
-        console.print(f"split check: {len(report.shared_ids)} shared ids, "
-                      f"{len(report.near_duplicates)} near-duplicate instructions")
+        console.print(f"split check: {len(report.shared_ids)} shared ids, {len(report.near_duplicates)} near-duplicate instructions")
         if not report.clean:
             raise CLIError("held-out overlaps train (see above)")
     if save:
         out = shown.save(save)
         console.print(f"saved {len(shown)} tasks to {out}")
     if to_dataset:
-        from toolgym.harness.datasets import write_suite_dataset
+        from toolgym.integrations.datasets import write_suite_dataset
 
         try:
             counts = write_suite_dataset(s, to_dataset, demos=demos)
@@ -69,10 +71,12 @@ def tasks(suite: str = typer.Argument(..., help="registered suite name, or a sui
 
 
 @app.command()
-def play(env: str = typer.Argument(..., help="environment id, e.g. records-v0"),
-         seed: int = typer.Option(0, help="seed that picks the task"),
-         task: Optional[str] = typer.Option(None, help="task id to play instead of a seeded pick"),
-         split: str = typer.Option("train", help="train or held-out")) -> None:
+def play(
+    env: str = typer.Argument(..., help="environment id, e.g. records-v0"),
+    seed: int = typer.Option(0, help="seed that picks the task"),
+    task: str | None = typer.Option(None, help="task id to play instead of a seeded pick"),
+    split: str = typer.Option("train", help="train or held-out"),
+) -> None:
     """Play an episode at the terminal by typing tool calls (`search field=name value="Ada Moreau"`)."""
     from toolgym.envs import make
     from toolgym.envs.parsing import parse_command_line
@@ -82,14 +86,13 @@ def play(env: str = typer.Argument(..., help="environment id, e.g. records-v0"),
     obs, info = e.reset(seed=seed, options=options)
     console.print(f"[bold]task {info['task_id']}[/] ({info.get('family')}, difficulty {info.get('difficulty')})")
     console.print(obs)
-    console.print("\nType a tool call: `name key=value ...`, `name {json}` or raw <tool_call> text; "
-                  "`:tools`, `:help`, `:quit`.")
+    console.print("\nType a tool call: `name key=value ...`, `name {json}` or raw <tool_call> text; `:tools`, `:help`, `:quit`.")
     while True:
         try:
             line = input("tool> ")
         except EOFError:
             console.print("\nend of input: episode abandoned")
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         line = line.strip()
         if not line:
             continue
@@ -113,8 +116,10 @@ def play(env: str = typer.Argument(..., help="environment id, e.g. records-v0"),
 
 
 @app.command()
-def check(env: str = typer.Argument(..., help="environment id"),
-          tasks_per_split: int = typer.Option(30, "--tasks", help="tasks sampled per split (0 = all)")) -> None:
+def check(
+    env: str = typer.Argument(..., help="environment id"),
+    tasks_per_split: int = typer.Option(30, "--tasks", help="tasks sampled per split (0 = all)"),
+) -> None:
     """Check an environment: gymnasium contract, determinism, oracle, do-nothing, reset."""
     from toolgym.envs.checker import run_checks
     from toolgym.envs.registry import full_id, make
@@ -133,12 +138,14 @@ def check(env: str = typer.Argument(..., help="environment id"),
 
 
 @app.command()
-def mcp(env_id: str = typer.Argument(..., help="environment id, e.g. shell-ops-v0"),
-        split: Optional[str] = typer.Option(None, help="train or held-out (default: the environment's)")) -> None:
+def mcp(
+    env_id: str = typer.Argument(..., help="environment id, e.g. shell-ops-v0"),
+    split: str | None = typer.Option(None, help="train or held-out (default: the environment's)"),
+) -> None:
     """Serve an environment over MCP on stdin/stdout: its tools, plus `reset`, for any MCP client
     (each call is one environment step; results carry reward, end of episode and side effects)."""
     try:
-        from toolgym.harness.mcp_server import serve_stdio
+        from toolgym.integrations.mcp_server import serve_stdio
     except ImportError as err:
         raise CLIError(f"the MCP SDK is missing ({err}): pip install 'toolgym[mcp]'") from None
     serve_stdio(env_id, split)

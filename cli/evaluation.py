@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -17,13 +16,16 @@ _ROLLOUT = RolloutSettings()
 
 def _print_report(report) -> None:
     o = report.overall
-    ks = ", ".join(f"pass@{k} = {o.pass_at[str(k)].value:.3f} [{o.pass_at[str(k)].low:.3f}, "
-                   f"{o.pass_at[str(k)].high:.3f}]" for k in report.ks)
+    ks = ", ".join(
+        f"pass@{k} = {o.pass_at[str(k)].value:.3f} [{o.pass_at[str(k)].low:.3f}, {o.pass_at[str(k)].high:.3f}]" for k in report.ks
+    )
     console.print(f"[bold]{escape(report.policy)}[/] on {report.suite}/{report.split}: {ks}")
     r = o.outcome_rates
-    console.print(f"  episodes {o.episodes}; format-error rate {r['format_error']:.2f}, truncated "
-                  f"{r.get('truncated', 0):.2f}, timeout {r['timeout']:.2f}, infra-error {r['infra_error']:.2f}; "
-                  f"safety events/episode {o.safety_event_rate:.2f}; tool calls/episode {o.mean_tool_calls:.1f}")
+    console.print(
+        f"  episodes {o.episodes}; format-error rate {r['format_error']:.2f}, truncated "
+        f"{r.get('truncated', 0):.2f}, timeout {r['timeout']:.2f}, infra-error {r['infra_error']:.2f}; "
+        f"safety events/episode {o.safety_event_rate:.2f}; tool calls/episode {o.mean_tool_calls:.1f}"
+    )
     if len(report.by_family) > 1:  # e.g. BFCL's categories: accuracy per category, as the leaderboard reports it
         for family, g in report.by_family.items():
             est = g.pass_at.get("1")
@@ -37,30 +39,34 @@ def _print_report(report) -> None:
 
 
 @app.command("eval")
-def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:MODEL (dir, hub id, smollm2-135m) | sglang:URL[,URL] | openai:URL[#MODEL]"),
-          suite: str = typer.Option("records", help="registered suite name, or a suite directory/JSONL"),
-          split: str = typer.Option("held-out", help="which split to evaluate on"),
-          samples: int = typer.Option(1, "-n", "--samples", help="samples per task"),
-          k: str = typer.Option("1", "-k", help="comma-separated k values for pass@k"),
-          max_tasks: int = typer.Option(0, "--tasks", help="evaluate the first N tasks only (0 = all)"),
-          concurrency: int = typer.Option(16, help="episodes in flight"),
-          seed: int = typer.Option(0, help="seed for environments, sampling and bootstrap"),
-          out: Path = typer.Option(Path("runs/eval"), help="output directory"),
-          max_turns: Optional[int] = typer.Option(None, help="turn limit (default: the env's)"),
-          max_new_tokens: int = typer.Option(_ROLLOUT.max_new_tokens, help="tokens per turn (the campaign's default)"),
-          max_total_tokens: int = typer.Option(_ROLLOUT.max_total_tokens, help="tokens per episode, prompt and "
-                                               "observations included (the campaign's default)"),
-          temperature: float = typer.Option(1.0, help="sampling temperature (0 = greedy)"),
-          top_p: float = typer.Option(_ROLLOUT.top_p, help="nucleus sampling"),
-          watchdog: float = typer.Option(3600.0, help="seconds before a hung episode is stopped (infra_error, "
-                                         "never the agent's failure)"),
-          tokenizer: Optional[str] = typer.Option(None, help="tokenizer for sglang: policies"),
-          device: Optional[str] = typer.Option(None, help="tiny/hf: policies: cpu, cuda, cuda:1 (default: cuda if present)"),
-          dtype: str = typer.Option("auto", help="tiny/hf: policies: bf16 | fp16 | fp32 | auto (bf16 on CUDA)")) -> None:
+def eval_(
+    policy: str = typer.Option(
+        ..., help="oracle | null | tiny | hf:MODEL (dir, hub id, smollm2-135m) | sglang:URL[,URL] | openai:URL[#MODEL]"
+    ),
+    suite: str = typer.Option("records", help="registered suite name, or a suite directory/JSONL"),
+    split: str = typer.Option("held-out", help="which split to evaluate on"),
+    samples: int = typer.Option(1, "-n", "--samples", help="samples per task"),
+    k: str = typer.Option("1", "-k", help="comma-separated k values for pass@k"),
+    max_tasks: int = typer.Option(0, "--tasks", help="evaluate the first N tasks only (0 = all)"),
+    concurrency: int = typer.Option(16, help="episodes in flight"),
+    seed: int = typer.Option(0, help="seed for environments, sampling and bootstrap"),
+    out: Path = typer.Option(Path("runs/eval"), help="output directory"),
+    max_turns: int | None = typer.Option(None, help="turn limit (default: the env's)"),
+    max_new_tokens: int = typer.Option(_ROLLOUT.max_new_tokens, help="tokens per turn (the campaign's default)"),
+    max_total_tokens: int = typer.Option(
+        _ROLLOUT.max_total_tokens, help="tokens per episode, prompt and observations included (the campaign's default)"
+    ),
+    temperature: float = typer.Option(1.0, help="sampling temperature (0 = greedy)"),
+    top_p: float = typer.Option(_ROLLOUT.top_p, help="nucleus sampling"),
+    watchdog: float = typer.Option(3600.0, help="seconds before a hung episode is stopped (infra_error, never the agent's failure)"),
+    tokenizer: str | None = typer.Option(None, help="tokenizer for sglang: policies"),
+    device: str | None = typer.Option(None, help="tiny/hf: policies: cpu, cuda, cuda:1 (default: cuda if present)"),
+    dtype: str = typer.Option("auto", help="tiny/hf: policies: bf16 | fp16 | fp32 | auto (bf16 on CUDA)"),
+) -> None:
     """Evaluate a policy on a suite split: pass@k with CIs, outcome and safety rates, a report."""
     from toolgym.harness.eval_run import run_eval
-    from toolgym.harness.policy import SamplingParams
     from toolgym.harness.rollout import RolloutLimits
+    from toolgym.inference.policy import SamplingParams
 
     try:
         ks = sorted({int(x) for x in k.split(",") if x.strip()})
@@ -68,19 +74,36 @@ def eval_(policy: str = typer.Option(..., help="oracle | null | tiny | hf:MODEL 
         raise CLIError(f"-k {k!r}: expected comma-separated integers such as 1,8") from None
     if not ks or min(ks) < 1:
         raise CLIError("-k values must be >= 1")
-    limits = RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new_tokens,
-                           max_total_tokens=max_total_tokens, watchdog_s=watchdog)
+    limits = RolloutLimits(
+        max_turns=max_turns, max_new_tokens_per_turn=max_new_tokens, max_total_tokens=max_total_tokens, watchdog_s=watchdog
+    )
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-    report, paths = run_eval(policy, load_suite(suite), split, samples, ks, max_tasks, concurrency, seed, out,
-                             limits, sampling, tokenizer, device=device, dtype=dtype)
+    report, paths = run_eval(
+        policy,
+        load_suite(suite),
+        split,
+        samples,
+        ks,
+        max_tasks,
+        concurrency,
+        seed,
+        out,
+        limits,
+        sampling,
+        tokenizer,
+        device=device,
+        dtype=dtype,
+    )
     _print_report(report)
     console.print(f"report: {paths['markdown']}  numbers: {paths['json']}  trajectories: {paths['trajectories']}")
 
 
 @app.command()
-def show(path: Path = typer.Argument(..., help="trajectories JSONL"),
-         index: int = typer.Option(0, help="which trajectory (line)"),
-         tokens: bool = typer.Option(True, help="show token segments with their loss mask")) -> None:
+def show(
+    path: Path = typer.Argument(..., help="trajectories JSONL"),
+    index: int = typer.Option(0, help="which trajectory (line)"),
+    tokens: bool = typer.Option(True, help="show token segments with their loss mask"),
+) -> None:
     """Print a readable transcript of one trajectory, masked spans marked."""
     from toolgym.harness.trajectory import read_jsonl
 
@@ -91,8 +114,10 @@ def show(path: Path = typer.Argument(..., help="trajectories JSONL"),
         raise CLIError(f"{path} has {len(trajs)} trajectories; --index must be in 0..{len(trajs) - 1}")
     t = trajs[index]
     console.print(f"[bold]task {t.task_id}[/] ({t.family}, difficulty {t.difficulty}, {t.split}) policy {escape(t.policy)}")
-    console.print(f"outcome [bold]{t.outcome.value}[/], reward {t.reward}, {len(t.turns)} turns, {t.tool_calls} tool calls"
-                  + (f", error: {escape(t.error)}" if t.error else ""))
+    console.print(
+        f"outcome [bold]{t.outcome.value}[/], reward {t.reward}, {len(t.turns)} turns, {t.tool_calls} tool calls"
+        + (f", error: {escape(t.error)}" if t.error else "")
+    )
     if tokens and t.has_tokens:
         console.print(f"{len(t.token_ids)} tokens, {sum(t.loss_mask)} trained (mask 1)\n")
         for seg in t.segments:
@@ -108,16 +133,18 @@ def show(path: Path = typer.Argument(..., help="trajectories JSONL"),
 
 
 @app.command("check-template")
-def check_template_cmd(model: str = typer.Argument(..., help="a built-in format (qwen2.5, qwen2.5-compact, "
-                                                "qwen3, llama3), a built-in model (tiny, smollm2-135m), a model dir or "
-                                                "a hub id")) -> None:
+def check_template_cmd(
+    model: str = typer.Argument(
+        ...,
+        help="a built-in format (qwen2.5, qwen2.5-compact, qwen3, llama3), a built-in model (tiny, smollm2-135m), a model dir or a hub id",
+    ),
+) -> None:
     """Prove a chat template is prefix-stable for multi-turn tool use, or say where it is not."""
-    from toolgym.harness.template_check import check_model_or_format
+    from toolgym.inference.template_check import check_model_or_format
 
     report = check_model_or_format(model)
     if report.ok:
-        console.print(f"[green]PASS[/] {escape(report.template)}: {report.explanation} "
-                      f"({report.incremental_tokens} tokens)")
+        console.print(f"[green]PASS[/] {escape(report.template)}: {report.explanation} ({report.incremental_tokens} tokens)")
         return
     console.print(f"[red]FAIL[/] {escape(report.template)}: {escape(report.explanation)}")
     if report.mismatch_at is not None:
@@ -128,9 +155,11 @@ def check_template_cmd(model: str = typer.Argument(..., help="a built-in format 
 
 
 @app.command()
-def verify(task_dir: Path = typer.Argument(..., help="a task folder (task.yaml, workspace/, hidden/)"),
-           patch: Optional[Path] = typer.Option(None, help="a unified diff against the task's workspace"),
-           backend: str = typer.Option("bwrap", help="sandbox backend: bwrap | docker")) -> None:
+def verify(
+    task_dir: Path = typer.Argument(..., help="a task folder (task.yaml, workspace/, hidden/)"),
+    patch: Path | None = typer.Option(None, help="a unified diff against the task's workspace"),
+    backend: str = typer.Option("bwrap", help="sandbox backend: bwrap | docker"),
+) -> None:
     """Grade a candidate solution by hand with the task's real verifier (exit 0 only if it passes)."""
     import yaml
 
@@ -166,15 +195,15 @@ def verify(task_dir: Path = typer.Argument(..., help="a task folder (task.yaml, 
 
 
 @app.command("build-tiny")
-def build_tiny(out: Optional[Path] = typer.Option(None, help="directory (default: ~/.cache/toolgym/tiny-policy-v1)"),
-               overwrite: bool = typer.Option(False, help="rebuild even if it exists")) -> None:
+def build_tiny(
+    out: Path | None = typer.Option(None, help="directory (default: ~/.cache/toolgym/tiny-policy-v1)"),
+    overwrite: bool = typer.Option(False, help="rebuild even if it exists"),
+) -> None:
     """Build the tiny CPU policy (tokenizer trained here + a small Qwen2 model)."""
-    from toolgym.harness.tiny import DEFAULT_DIR, build_tiny_policy
+    from toolgym.inference.tiny import DEFAULT_DIR, build_tiny_policy
 
     path = build_tiny_policy(out or DEFAULT_DIR, overwrite=overwrite)
     console.print(f"tiny policy at {path}")
-
-
 
 
 def _is_evaluation(d: Path) -> bool:
@@ -191,13 +220,14 @@ def _evaluation_dir(d: Path) -> Path:
         console.print(f"{d}: comparing its one suite evaluation, {inside[0]}")
         return inside[0]
     hint = f"; it holds one per suite, name one: {', '.join(str(p) for p in inside)}" if inside else ""
-    raise CLIError(f"{d}: not an evaluation directory (needs report.json and trajectories.jsonl from "
-                   f"`toolgym eval --out`){hint}")
+    raise CLIError(f"{d}: not an evaluation directory (needs report.json and trajectories.jsonl from `toolgym eval --out`){hint}")
 
 
 @app.command()
-def compare(first: Path = typer.Argument(..., help="an evaluation directory (report.json, trajectories.jsonl)"),
-            second: Path = typer.Argument(..., help="another evaluation of the same tasks")) -> None:
+def compare(
+    first: Path = typer.Argument(..., help="an evaluation directory (report.json, trajectories.jsonl)"),
+    second: Path = typer.Argument(..., help="another evaluation of the same tasks"),
+) -> None:
     """Compare two evaluations of the same tasks: pass@1 of each, the paired difference with its
     95% CI, the tasks that flipped either way, and a loud warning if their budgets differ."""
     from toolgym.harness.evaluate import EvalReport, budget_warning, paired_difference, per_task_pass_rate
@@ -222,10 +252,14 @@ def compare(first: Path = typer.Argument(..., help="an evaluation directory (rep
     diff = paired_difference(ta, tb)
     gained = [t for t in common if b[t] > a[t]]
     lost = [t for t in common if b[t] < a[t]]
-    console.print(f"{escape(ra.policy)}: pass@1 {sum(a[t] for t in common) / len(common):.3f}; "
-                  f"{escape(rb.policy)}: pass@1 {sum(b[t] for t in common) / len(common):.3f} on {len(common)} shared tasks")
-    console.print(f"difference (second - first) {diff.value * 100:+.1f} points, 95% CI [{diff.low * 100:+.1f}, "
-                  f"{diff.high * 100:+.1f}], paired; {len(gained)} task(s) flipped to pass, {len(lost)} to fail")
+    console.print(
+        f"{escape(ra.policy)}: pass@1 {sum(a[t] for t in common) / len(common):.3f}; "
+        f"{escape(rb.policy)}: pass@1 {sum(b[t] for t in common) / len(common):.3f} on {len(common)} shared tasks"
+    )
+    console.print(
+        f"difference (second - first) {diff.value * 100:+.1f} points, 95% CI [{diff.low * 100:+.1f}, "
+        f"{diff.high * 100:+.1f}], paired; {len(gained)} task(s) flipped to pass, {len(lost)} to fail"
+    )
     for label, ids in (("gained", gained), ("lost", lost)):
         for task_id in ids[:10]:
             console.print(f"  {label}: {task_id}")

@@ -4,7 +4,6 @@ in Harbor's format, both ways."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,11 +11,13 @@ from toolgym.cli.app import CLIError, app, console, load_suite
 
 
 @app.command("tasks-export", hidden=True)
-def tasks_export(suite: str = typer.Argument(..., help="registered suite name, or a suite directory/JSONL"),
-                 out: Path = typer.Option(..., "--out", help="directory to write the tasks into"),
-                 format: str = typer.Option("harbor", "--format", help="harbor (the only format so far)"),
-                 split: Optional[str] = typer.Option(None, help="train or held-out (default: every task)"),
-                 limit: int = typer.Option(0, help="export at most this many tasks (0: all)")) -> None:
+def tasks_export(
+    suite: str = typer.Argument(..., help="registered suite name, or a suite directory/JSONL"),
+    out: Path = typer.Option(..., "--out", help="directory to write the tasks into"),
+    format: str = typer.Option("harbor", "--format", help="harbor (the only format so far)"),
+    split: str | None = typer.Option(None, help="train or held-out (default: every task)"),
+    limit: int = typer.Option(0, help="export at most this many tasks (0: all)"),
+) -> None:
     """Write a suite's tasks in Harbor's task format (instruction.md, task.toml, environment/,
     tests/test.sh with toolgym's grader, solution/solve.sh); tasks that cannot be are listed."""
     from toolgym.verifiers.harbor_export import export_tasks
@@ -37,8 +38,10 @@ def tasks_export(suite: str = typer.Argument(..., help="registered suite name, o
 
 
 @app.command("tasks-import", hidden=True)
-def tasks_import(directory: Path = typer.Argument(..., help="a directory of Harbor task directories"),
-                 format: str = typer.Option("harbor", "--format", help="harbor (the only format so far)")) -> None:
+def tasks_import(
+    directory: Path = typer.Argument(..., help="a directory of Harbor task directories"),
+    format: str = typer.Option("harbor", "--format", help="harbor (the only format so far)"),
+) -> None:
     """Check which Harbor tasks in DIR toolgym can play (the directory is then a suite: `--suite
     DIR` anywhere), and say why each other one cannot."""
     from toolgym.tasks.harbor import load_harbor_dir
@@ -50,7 +53,10 @@ def tasks_import(directory: Path = typer.Argument(..., help="a directory of Harb
     tasks, skipped = load_harbor_dir(directory)
     for name, why in skipped.items():
         console.print(f"cannot import {name}: {why}", markup=False, soft_wrap=True)
-    console.print(f"{len(tasks)} Harbor tasks import from {directory}" + (f"; {len(skipped)} cannot" if skipped else "")
-                  + (f" (use it as a suite: --suite {directory})" if tasks and not skipped else ""))
+    console.print(
+        f"{len(tasks)} Harbor tasks import from {directory}"
+        + (f"; {len(skipped)} cannot" if skipped else "")
+        + (f" (use it as a suite: --suite {directory})" if tasks and not skipped else "")
+    )
     if not tasks:
         raise CLIError("no task in this directory can be imported (see above)")

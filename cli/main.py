@@ -14,7 +14,7 @@ def main() -> None:
     """Entry point: run the app, turning known errors into one line and exit code 2."""
     import gymnasium
 
-    from toolgym.harness.policy import PolicyError
+    from toolgym.inference.policy import PolicyError
     from toolgym.mining.project import MiningError
     from toolgym.sandbox import SandboxError
     from toolgym.tasks import SplitLeakError, TaskLoadError
@@ -24,9 +24,9 @@ def main() -> None:
     args = sys.argv[1:]
     for i, arg in enumerate(args[:-1]):
         if arg == "tasks" and args[i + 1] in ("mine", "export", "import"):
-            sys.argv[1 + i:3 + i] = [f"tasks-{args[i + 1]}"]
+            sys.argv[1 + i : 3 + i] = [f"tasks-{args[i + 1]}"]
             break
-        if not arg.startswith("-") and args[i - 1:i] not in (["--import"], ["-i"]):
+        if not arg.startswith("-") and args[i - 1 : i] not in (["--import"], ["-i"]):
             break
     try:
         rc = app(standalone_mode=False)  # click returns a raised Exit's code in this mode
@@ -34,8 +34,20 @@ def main() -> None:
             sys.exit(rc)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except (CLIError, TaskLoadError, SplitLeakError, KeyError, ValueError, FileNotFoundError, OSError,
-            gymnasium.error.Error, PolicyError, SandboxError, TrainingMemoryError, MiningError) as err:
+    except (
+        CLIError,
+        TaskLoadError,
+        SplitLeakError,
+        KeyError,
+        ValueError,
+        FileNotFoundError,
+        OSError,
+        gymnasium.error.Error,
+        PolicyError,
+        SandboxError,
+        TrainingMemoryError,
+        MiningError,
+    ) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         err_console.print(f"error: {msg}", soft_wrap=True, markup=False)  # one line, never wrapped
         sys.exit(2)

@@ -12,8 +12,9 @@ app.add_typer(sandbox_app, name="sandbox")
 
 
 @sandbox_app.command("build-image")
-def sandbox_build_image(tag: str = typer.Option(IMAGE_TAG, help="image tag"),
-                        force: bool = typer.Option(False, help="rebuild even if the image exists")) -> None:
+def sandbox_build_image(
+    tag: str = typer.Option(IMAGE_TAG, help="image tag"), force: bool = typer.Option(False, help="rebuild even if the image exists")
+) -> None:
     """Build the docker base image (Python 3 + pytest) with debootstrap + docker import, no registry."""
     from toolgym.sandbox.image import build_image
 
@@ -40,5 +41,3 @@ def sandbox_probe(backend: str = typer.Option("bwrap", help="bwrap | docker")) -
     console.print(f"{backend}: exit {res.exit_code}, output {res.stdout.split()}; capabilities {caps.model_dump()}")
     if res.exit_code != 0:
         raise CLIError(f"{backend} sandbox could not run a command: {res.stderr.strip()}")
-
-

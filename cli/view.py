@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,10 +11,12 @@ from toolgym.cli.app import CLIError, app, console
 
 
 @app.command()
-def view(run: Path = typer.Argument(..., help="a training run directory (a campaign's out_dir)"),
-         other: Optional[Path] = typer.Argument(None, help="a second run to compare with"),
-         host: str = typer.Option("127.0.0.1", help="address to listen on"),
-         port: int = typer.Option(8080, help="port (0: any free one)")) -> None:
+def view(
+    run: Path = typer.Argument(..., help="a training run directory (a campaign's out_dir)"),
+    other: Path | None = typer.Argument(None, help="a second run to compare with"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8080, help="port (0: any free one)"),
+) -> None:
     """Browse a run in a web browser: overview and curves, rollouts by step (filters, audit
     sample), one episode token by token, and two evaluations compared task by task."""
     from toolgym.viewer.app import serve

@@ -15,8 +15,9 @@ import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.registry import full_id, import_source, make
@@ -123,14 +124,18 @@ def check_oracle(env: ToolEnv, tasks: list[Task]) -> CheckResult:
         if reward < 1.0:
             failures.append(f"{task.id} (reward {reward})")
     ok = not failures
-    return CheckResult("oracle", ok, f"{len(tasks) - len(failures)}/{len(tasks)} tasks solved"
-                       + ("" if ok else f"; failing: {', '.join(failures[:5])}"))
+    return CheckResult(
+        "oracle", ok, f"{len(tasks) - len(failures)}/{len(tasks)} tasks solved" + ("" if ok else f"; failing: {', '.join(failures[:5])}")
+    )
 
 
 def _empty_args(spec_params: dict[str, Any]) -> dict[str, Any]:
     empty = {"string": "", "integer": 0, "number": 0.0, "boolean": False, "array": [], "object": {}}
-    return {name: empty.get(p.get("type", "string"), "") for name, p in spec_params.get("properties", {}).items()
-            if name in spec_params.get("required", [])}
+    return {
+        name: empty.get(p.get("type", "string"), "")
+        for name, p in spec_params.get("properties", {}).items()
+        if name in spec_params.get("required", [])
+    }
 
 
 def check_do_nothing(env: ToolEnv, tasks: list[Task]) -> CheckResult:
@@ -151,16 +156,19 @@ def check_do_nothing(env: ToolEnv, tasks: list[Task]) -> CheckResult:
             solved.append(task.id)
     ok = not solved and not missed
     exempt = sum(env.nothing_solves(t) for t in tasks)
-    return CheckResult("do-nothing", ok, f"{len(solved)}/{len(tasks) - exempt} tasks solved by doing nothing"
-                       + (f"; {exempt - len(missed)}/{exempt} where doing nothing is right" if exempt else "")
-                       + ("" if not solved else f": {', '.join(solved[:5])}")
-                       + ("" if not missed else f"; not solved by doing nothing: {', '.join(missed[:5])}"))
+    return CheckResult(
+        "do-nothing",
+        ok,
+        f"{len(solved)}/{len(tasks) - exempt} tasks solved by doing nothing"
+        + (f"; {exempt - len(missed)}/{exempt} where doing nothing is right" if exempt else "")
+        + ("" if not solved else f": {', '.join(solved[:5])}")
+        + ("" if not missed else f"; not solved by doing nothing: {', '.join(missed[:5])}"),
+    )
 
 
 def check_reset(env: ToolEnv, tasks: list[Task], seed: int = 0) -> CheckResult:
     """reset after arbitrary actions restores the initial observation and state hash."""
-    rng_actions = ["hello", "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>",
-                   "<tool_call>[1, 2]</tool_call>"]
+    rng_actions = ["hello", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "<tool_call>[1, 2]</tool_call>"]
     for task in tasks:
         obs0, info0 = env.reset(seed=seed, options={"task": task})
         hash0 = env.state_hash()
@@ -170,28 +178,52 @@ def check_reset(env: ToolEnv, tasks: list[Task], seed: int = 0) -> CheckResult:
                 break
         obs1, info1 = env.reset(seed=seed, options={"task": task})
         if obs1 != obs0 or env.state_hash() != hash0 or info1.get("task_id") != info0.get("task_id"):
-            return CheckResult("reset", False, f"task {task.id}: reset after actions did not restore the "
-                               "initial observation/state")
+            return CheckResult("reset", False, f"task {task.id}: reset after actions did not restore the initial observation/state")
     return CheckResult("reset", True, f"{len(tasks)} tasks restored to their initial observation and state")
 
 
 #: Verifier-hacking attempts made through the standard sandbox tools, then `submit`. None may pass.
 HACK_ACTIONS: dict[str, list[ToolCall]] = {
-    "conftest forcing passes": [ToolCall(name="write_file", arguments={"path": "conftest.py", "content": (
-        "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-        "    out = yield\n    out.get_result().outcome = 'passed'\n")})],
-    "pytest.ini deselecting": [ToolCall(name="write_file", arguments={
-        "path": "pytest.ini", "content": "[pytest]\naddopts = -k nothing_matches\n"})],
-    "visible tests emptied": [ToolCall(name="bash", arguments={
-        "command": "for f in $(find . -path ./tests_hidden -prune -o -name 'test_*.py' -print); do "
-                   "printf 'def test_ok():\\n    assert True\\n' > $f; done; true"})],
-    "files at hidden test paths": [ToolCall(name="bash", arguments={
-        "command": "mkdir -p tests_hidden && printf 'def test_ok():\\n    assert True\\n' > tests_hidden/test_x.py"})],
-    "sitecustomize": [ToolCall(name="write_file", arguments={
-        "path": "sitecustomize.py", "content": "import os\nos._exit(0)\n"})],
-    "fake results file": [ToolCall(name="bash", arguments={
-        "command": "mkdir -p .toolgym-results-x && echo '<testsuites/>' > .toolgym-results-x/junit.xml; "
-                   "echo '{\"name\": \"x\", \"passed\": true}' > results.jsonl"})],
+    "conftest forcing passes": [
+        ToolCall(
+            name="write_file",
+            arguments={
+                "path": "conftest.py",
+                "content": (
+                    "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                    "    out = yield\n    out.get_result().outcome = 'passed'\n"
+                ),
+            },
+        )
+    ],
+    "pytest.ini deselecting": [
+        ToolCall(name="write_file", arguments={"path": "pytest.ini", "content": "[pytest]\naddopts = -k nothing_matches\n"})
+    ],
+    "visible tests emptied": [
+        ToolCall(
+            name="bash",
+            arguments={
+                "command": "for f in $(find . -path ./tests_hidden -prune -o -name 'test_*.py' -print); do "
+                "printf 'def test_ok():\\n    assert True\\n' > $f; done; true"
+            },
+        )
+    ],
+    "files at hidden test paths": [
+        ToolCall(
+            name="bash",
+            arguments={"command": "mkdir -p tests_hidden && printf 'def test_ok():\\n    assert True\\n' > tests_hidden/test_x.py"},
+        )
+    ],
+    "sitecustomize": [ToolCall(name="write_file", arguments={"path": "sitecustomize.py", "content": "import os\nos._exit(0)\n"})],
+    "fake results file": [
+        ToolCall(
+            name="bash",
+            arguments={
+                "command": "mkdir -p .toolgym-results-x && echo '<testsuites/>' > .toolgym-results-x/junit.xml; "
+                'echo \'{"name": "x", "passed": true}\' > results.jsonl'
+            },
+        )
+    ],
 }
 
 
@@ -205,8 +237,9 @@ def check_hacks(env: ToolEnv, tasks: list[Task]) -> CheckResult:
             if reward > 0:
                 passed.append(f"{task.id}: {name}")
     ok = not passed
-    return CheckResult("hacks", ok, f"{len(HACK_ACTIONS)} attacks x {len(tasks)} tasks, {len(passed)} passed"
-                       + ("" if ok else f": {passed[:3]}"))
+    return CheckResult(
+        "hacks", ok, f"{len(HACK_ACTIONS)} attacks x {len(tasks)} tasks, {len(passed)} passed" + ("" if ok else f": {passed[:3]}")
+    )
 
 
 def check_initial_state(env: ToolEnv, tasks: list[Task]) -> CheckResult:
@@ -221,8 +254,9 @@ def check_initial_state(env: ToolEnv, tasks: list[Task]) -> CheckResult:
     return CheckResult("initial-state", True, f"{len(tasks)} tasks start from one state hash")
 
 
-def run_checks(env_id: str, n_tasks: int = 30, imports: tuple[str, ...] = (),
-               on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+def run_checks(
+    env_id: str, n_tasks: int = 30, imports: tuple[str, ...] = (), on_result: Callable[[CheckResult], None] | None = None
+) -> list[CheckResult]:
     """Run every check on `env_id`; `on_result` is called as each finishes."""
     results: list[CheckResult] = []
 

@@ -1,8 +1,20 @@
 """`ToolEnv`: a gymnasium environment whose actions are tool calls and whose observations are text.
 
 Subclass it, mark methods with `@tool`, and implement `load_task(task)` to build the episode's
-state from a `Task`. A tool marked `@tool(final=True)` ends the episode; `grade()` gives the reward
-(by default: the submitted answer against the task's hidden answer).
+state from a `Task`. A tool marked `@tool(final=True)` ends the episode; `@tool(submits="x")` also
+declares that its argument `x` is what the episode submits.
+
+**One way to grade.** `verdict()` is the only place an episode is graded: `step`'s reward at the
+end of an episode, `toolgym check`, evaluation, training, the datasets export and the TRL adapter
+all take their reward from it. An author says what counts in one of two ways:
+
+- override `grade(self) -> float` (the reward, read from `self`; 1.0 counts as passed), or
+- leave it, and the task's hidden spec picks a verifier (`verifier()`: the hidden answer, hidden
+  tests or a state checker run in a clean sandbox, a registered scorer), which grades
+  `final_state()`.
+
+A class that overrides both `grade()` and `verifier()`, or whose `grade` takes arguments or is a
+coroutine, is refused when it is defined, with what to write instead.
 
 `step` never raises on bad model output: a malformed call, an unknown tool, bad arguments or a
 tool that fails becomes an observation saying what went wrong, counted in `info["errors"]`.
@@ -12,14 +24,48 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any, ClassVar, Iterable
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
 import gymnasium as gym
 
 from toolgym.envs.parsing import ERROR_CLASSES, CallError, coerce_action
 from toolgym.envs.spaces import TextSpace
 from toolgym.envs.tools import InfraError, ToolArgumentError, ToolError, ToolSpec, collect_tools
-from toolgym.tasks import Task, TaskSuite, ToolCall, answers_match
+from toolgym.tasks import Task, TaskSuite, ToolCall
+from toolgym.verifiers import FinalState, Outcome, Verdict, verifier_for
+
+
+class StateNotJSON(TypeError):
+    """`state_hash()` met an attribute whose value is not JSON data (its `repr` could hold a
+    memory address, which would make a same-seed determinism check fail for no visible reason)."""
+
+
+def _check_grading(cls: type) -> None:
+    """Refuse, at class definition, a way of grading `verdict()` cannot honour."""
+    grade = cls.__dict__.get("grade")
+    if grade is not None:
+        import inspect
+
+        if inspect.iscoroutinefunction(grade):
+            raise TypeError(
+                f"{cls.__qualname__}.grade is a coroutine; write `def grade(self) -> float` (it runs in a worker thread, so it may block)"
+            )
+        params = [p for p in inspect.signature(grade).parameters.values()][1:]
+        if any(p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            raise TypeError(
+                f"{cls.__qualname__}.grade takes arguments ({', '.join(p.name for p in params)}); "
+                "write `def grade(self) -> float` and read what you need from self "
+                "(self.task, self.submitted, your own state)"
+            )
+    overrides_grade = cls.grade is not ToolEnv.grade
+    overrides_verifier = cls.verifier is not ToolEnv.verifier
+    if overrides_grade and overrides_verifier:
+        raise TypeError(
+            f"{cls.__qualname__} overrides both grade() and verifier(): say what counts once. "
+            "Keep grade() to compute the reward from the environment's own state, or "
+            "verifier() to grade final_state() with a verifier, not both"
+        )
 
 
 class ToolEnv(gym.Env[str, Any]):
@@ -38,6 +84,7 @@ class ToolEnv(gym.Env[str, Any]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._tools = collect_tools(cls)  # fails here, at class definition, if a tool is malformed
+        _check_grading(cls)
 
     def __init__(
         self,
@@ -67,7 +114,11 @@ class ToolEnv(gym.Env[str, Any]):
         self.task: Task | None = None
         self.turn = 0
         self.done = False
+        #: What the episode submitted (set by a `@tool(submits=...)` tool, or by the final tool itself).
         self.submitted: str | None = None
+        #: False when the caller grades the finished episode itself with `verdict()` (the rollout
+        #: runner, the TRL adapter): `step` then returns reward 0.0 at the end instead of grading twice.
+        self.grade_on_submit = True
         self.error_counts: Counter[str] = Counter()
         self.tool_call_count = 0
         self.transcript: list[tuple[str, str]] = []
@@ -78,12 +129,35 @@ class ToolEnv(gym.Env[str, Any]):
         """Build the episode's state from `task` (called by `reset`). Default: nothing to build."""
 
     def grade(self) -> float:
-        """Reward at the end of the episode. Default: the submitted answer vs the hidden answer."""
+        """The episode's reward. Override it to grade from the environment's own state (1.0 counts
+        as passed); by default it is the verdict of `verifier()` on `final_state()`."""
+        return self.verdict().reward
+
+    def verifier(self) -> Any:
+        """What grades `final_state()` when `grade()` is not overridden: by default the verifier the
+        task's hidden spec calls for (`toolgym.verifiers.verifier_for`)."""
         assert self.task is not None
-        hidden = self.task.hidden
-        if hidden.kind != "answer" or hidden.answer is None:
-            return 0.0
-        return float(answers_match(self.submitted, hidden.answer, hidden.match, hidden.tolerance))
+        return verifier_for(self.task, self.grading_sandbox_config())
+
+    def grading_sandbox_config(self) -> Any:
+        """The sandbox config a sandboxed verifier uses for this episode's task (None: no sandbox)."""
+        return None
+
+    def verdict(self, state: FinalState | None = None) -> Verdict:
+        """The episode's `Verdict`: the one grading path (see the module docstring). `state` is
+        `final_state()` when the caller already read it."""
+        if self.task is None:
+            raise gym.error.ResetNeeded("call reset() before grading an episode")
+        if type(self).grade is not ToolEnv.grade:
+            reward = float(self.grade())
+            passed = reward >= 1.0
+            return Verdict(
+                reward=reward,
+                passed=passed,
+                outcome=Outcome.PASSED if passed else Outcome.FAILED,
+                reason=f"{type(self).__name__}.grade() = {reward:g}",
+            )
+        return self.verifier().verify(self.task, state or FinalState(**self.final_state()))
 
     def nothing_solves(self, task: Task) -> bool:
         """True for tasks whose right answer is to do nothing (the checker then expects an agent
@@ -94,14 +168,24 @@ class ToolEnv(gym.Env[str, Any]):
         """A content hash of the episode's mutable state (sandboxed envs hash their workspace).
 
         The default hashes the JSON of every public attribute that is not a tool spec or a task
-        list; override when the state lives elsewhere.
+        list. Only JSON data is accepted (dicts, lists, strings, numbers, booleans, None; a
+        `Counter` is a dict): any other value raises `StateNotJSON` naming the attribute. Keep such
+        an object private (`self._name`) or override this method when the state lives elsewhere.
         """
         import hashlib
 
-        skip = {"tasks", "task", "observation_space", "action_space", "transcript", "np_random",
-                "render_mode", "spec"}
+        skip = {"tasks", "task", "observation_space", "action_space", "transcript", "np_random", "render_mode", "spec"}
         state = {k: v for k, v in sorted(vars(self).items()) if not k.startswith("_") and k not in skip}
-        blob = json.dumps(state, sort_keys=True, default=repr)
+        for name, value in state.items():
+            try:
+                json.dumps(value, sort_keys=True)
+            except (TypeError, ValueError) as err:
+                raise StateNotJSON(
+                    f"{type(self).__name__}.{name} is not JSON data ({err}); state_hash() hashes "
+                    f"every public attribute: store it as JSON data, name it _{name} to keep it out "
+                    "of the state, or override state_hash()"
+                ) from None
+        blob = json.dumps(state, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def final_state(self) -> dict[str, Any]:
@@ -137,6 +221,9 @@ class ToolEnv(gym.Env[str, Any]):
             args = spec.validate(call.arguments)
         except ToolArgumentError as err:
             return "", CallError("invalid_arguments", str(err), call)
+        if spec.submits is not None:
+            value = args[spec.submits]
+            self.submitted = value if isinstance(value, str) else json.dumps(value)
         try:
             result = getattr(self, spec.method)(**args)
         except ToolError as err:
@@ -147,14 +234,16 @@ class ToolEnv(gym.Env[str, Any]):
             raise InfraError(f"tool `{call.name}` raised {type(err).__name__}: {err}") from err
         if spec.final:
             self.done = True
-        return ("" if result is None else str(result)), None
+        if result is None:
+            result = "submitted" if spec.submits is not None else ""
+        return str(result), None
 
     # ---- gymnasium API ---------------------------------------------------------------------------
 
     def initial_observation(self) -> str:
         """Instruction followed by the tool list and how to call a tool."""
         assert self.task is not None
-        lines = [self.task.instruction, "", "Tools (call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>):"]
+        lines = [self.task.instruction, "", 'Tools (call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):']
         for spec in self._tools.values():
             lines.append(f"- {spec.signature()}: {spec.description}")
         return "\n".join(lines)
@@ -184,8 +273,14 @@ class ToolEnv(gym.Env[str, Any]):
         self.load_task(self.task)
         obs = self.initial_observation()
         self.transcript = [("observation", obs)]
-        info = {"task_id": self.task.id, "instruction": self.task.instruction, "tools": self.tool_schemas(),
-                "family": self.task.family, "difficulty": self.task.difficulty, **self.episode_info()}
+        info = {
+            "task_id": self.task.id,
+            "instruction": self.task.instruction,
+            "tools": self.tool_schemas(),
+            "family": self.task.family,
+            "difficulty": self.task.difficulty,
+            **self.episode_info(),
+        }
         return obs, info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -200,8 +295,9 @@ class ToolEnv(gym.Env[str, Any]):
         results: list[dict[str, Any]] = []
         errors: list[CallError] = list(parsed.errors)
         if not parsed.calls and not parsed.errors:
-            errors.append(CallError("no_tool_call", "no tool call found; call a tool as <tool_call>{\"name\": "
-                                    "..., \"arguments\": {...}}</tool_call>"))
+            errors.append(
+                CallError("no_tool_call", 'no tool call found; call a tool as <tool_call>{"name": ..., "arguments": {...}}</tool_call>')
+            )
         for call in parsed.calls:
             if self.done:  # calls after a final tool in the same turn are ignored, and said so
                 results.append({"name": call.name, "content": "ignored: the episode already ended", "error": True})
@@ -220,7 +316,7 @@ class ToolEnv(gym.Env[str, Any]):
         obs = "\n".join(r["content"] for r in results)
         terminated = self.done
         truncated = not terminated and self.turn >= self.max_turns
-        reward = self.grade() if terminated else 0.0
+        reward = self.verdict().reward if terminated and self.grade_on_submit else 0.0
         self.transcript.append(("observation", obs))
         info = {
             "turn": self.turn,

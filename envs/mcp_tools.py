@@ -26,10 +26,10 @@ import hashlib
 import json
 import os
 import secrets
-import shlex
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from toolgym.envs.parsing import CallError
 from toolgym.envs.sandbox_env import SandboxEnv
@@ -69,8 +69,7 @@ class MCPToolSpec(ToolSpec):
         if not isinstance(arguments, dict):
             raise ToolArgumentError(self.name, [f"arguments must be a JSON object, got {type(arguments).__name__}"])
         props = self.parameters.get("properties") or {}
-        problems = [f"missing required argument `{k}`" for k in self.parameters.get("required", [])
-                    if k not in arguments]
+        problems = [f"missing required argument `{k}`" for k in self.parameters.get("required", []) if k not in arguments]
         for key, value in arguments.items():
             if key not in props:
                 if self.parameters.get("additionalProperties") is False:
@@ -89,8 +88,9 @@ def mcp_tool_spec(tool_info: Any) -> MCPToolSpec:
     """The `ToolSpec` of one tool from the SDK's `list_tools` result."""
     schema = dict(getattr(tool_info, "input_schema", None) or {"type": "object", "properties": {}})
     schema.setdefault("properties", {})
-    return MCPToolSpec(name=tool_info.name, method="", description=(tool_info.description or "").strip(),
-                       final=False, args_model=None, parameters=schema)  # type: ignore[arg-type]
+    return MCPToolSpec(
+        name=tool_info.name, method="", description=(tool_info.description or "").strip(), final=False, args_model=None, parameters=schema
+    )  # type: ignore[arg-type]
 
 
 def _describe(err: BaseException) -> str:
@@ -106,8 +106,7 @@ class SandboxMCPServer:
     `tools` is the server's `list_tools` answer; `call()` runs one `call_tool` and waits;
     `stop()` ends the session, which ends the server (its stdin closes) and so its exec."""
 
-    def __init__(self, box: Sandbox, command: str, env: dict[str, str] | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+    def __init__(self, box: Sandbox, command: str, env: dict[str, str] | None = None, start_timeout_s: float = START_TIMEOUT_S) -> None:
         try:
             from mcp.client.stdio import StdioServerParameters
         except ImportError:
@@ -125,11 +124,11 @@ class SandboxMCPServer:
             for path in (self._dir, self._dir / "in", self._dir / "out"):
                 os.chown(path, uid, uid)
         inner = f"{inner_dir}/{name}"
-        self._exec = threading.Thread(target=self._serve, name="toolgym-mcp-server", daemon=True,
-                                      args=(f"exec {command} < {inner}/in > {inner}/out", env))
+        self._exec = threading.Thread(
+            target=self._serve, name="toolgym-mcp-server", daemon=True, args=(f"exec {command} < {inner}/in > {inner}/out", env)
+        )
         self._exec.start()
-        params = StdioServerParameters(command="/bin/sh", args=["-c", BRIDGE, "bridge", str(self._dir / "in"),
-                                                                 str(self._dir / "out")])
+        params = StdioServerParameters(command="/bin/sh", args=["-c", BRIDGE, "bridge", str(self._dir / "in"), str(self._dir / "out")])
         self._devnull = open(os.devnull, "w")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="toolgym-mcp-client", daemon=True)
@@ -299,8 +298,7 @@ class MCPSandboxEnv(SandboxEnv):
         if (terminated or truncated) and self.server is not None and self.sandbox is not None:
             self._stop_server()
             events = self.sandbox.events()
-            info["side_effects"] = info.get("side_effects", []) + [e.model_dump(mode="json")
-                                                                    for e in events[self._reported:]]
+            info["side_effects"] = info.get("side_effects", []) + [e.model_dump(mode="json") for e in events[self._reported :]]
             self._reported = len(events)
             info["side_effects_summary"] = self.sandbox.ledger.summary()
         return obs, reward, terminated, truncated, info

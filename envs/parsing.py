@@ -40,8 +40,9 @@ class ParsedAction:
 def _coerce_call(obj: Any, index: int) -> ToolCall | CallError:
     where = f"tool call #{index}"
     if not isinstance(obj, dict):
-        return CallError("parse_error", f"{where}: expected a JSON object like "
-                         '{"name": "...", "arguments": {...}}, got ' + type(obj).__name__)
+        return CallError(
+            "parse_error", f'{where}: expected a JSON object like {{"name": "...", "arguments": {{...}}}}, got ' + type(obj).__name__
+        )
     if "function" in obj and isinstance(obj["function"], dict):  # OpenAI-style nesting
         obj = obj["function"]
     name = obj.get("name")
@@ -52,17 +53,16 @@ def _coerce_call(obj: Any, index: int) -> ToolCall | CallError:
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as err:
-            return CallError("parse_error", f'{where} ({name}): "arguments" is a string that is not '
-                             f"valid JSON ({err.msg} at char {err.pos})")
+            return CallError(
+                "parse_error", f'{where} ({name}): "arguments" is a string that is not valid JSON ({err.msg} at char {err.pos})'
+            )
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        return CallError("parse_error", f'{where} ({name}): "arguments" must be a JSON object, '
-                         f"got {type(args).__name__}")
+        return CallError("parse_error", f'{where} ({name}): "arguments" must be a JSON object, got {type(args).__name__}')
     extra = set(obj) - {"name", "arguments", "parameters", "id", "type"}
     if extra:
-        return CallError("parse_error", f"{where} ({name}): unexpected key(s) {sorted(extra)}; "
-                         'put tool arguments inside "arguments"')
+        return CallError("parse_error", f'{where} ({name}): unexpected key(s) {sorted(extra)}; put tool arguments inside "arguments"')
     return ToolCall(name=name, arguments=args)
 
 
@@ -79,16 +79,18 @@ def parse_tool_calls(text: str) -> ParsedAction:
         end = text.find(CLOSE, start)
         index += 1
         if end < 0:
-            result.errors.append(CallError("parse_error", f"tool call #{index}: {OPEN} is never closed "
-                                           f"with {CLOSE}"))
+            result.errors.append(CallError("parse_error", f"tool call #{index}: {OPEN} is never closed with {CLOSE}"))
             break
         body = text[start + len(OPEN) : end].strip()
         pos = end + len(CLOSE)
         try:
             obj = json.loads(body)
         except json.JSONDecodeError as err:
-            result.errors.append(CallError("parse_error", f"tool call #{index}: invalid JSON ({err.msg} "
-                                           f"at line {err.lineno} column {err.colno}): {body[:80]!r}"))
+            result.errors.append(
+                CallError(
+                    "parse_error", f"tool call #{index}: invalid JSON ({err.msg} at line {err.lineno} column {err.colno}): {body[:80]!r}"
+                )
+            )
             continue
         parsed = _coerce_call(obj, index)
         (result.errors if isinstance(parsed, CallError) else result.calls).append(parsed)

@@ -1,7 +1,8 @@
 """Registration through gymnasium's own registry, under the `toolgym/` namespace.
 
 `register_env("records-v0", RecordsEnv, suite="records")` registers `toolgym/records-v0` with
-gymnasium (so `gymnasium.make("toolgym/records-v0")` works) and remembers its suite;
+gymnasium (so `gymnasium.make("toolgym/records-v0")` works) and remembers its suite
+(`register_env("convert-v0", tasks=generate)` registers the suite from its generator too);
 `make("records-v0")` is a thin helper; `registered()` lists toolgym environments with their suites.
 """
 
@@ -10,10 +11,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 
@@ -38,15 +40,44 @@ def full_id(env_id: str) -> str:
     return env_id if "/" in env_id else f"{NAMESPACE}/{env_id}"
 
 
-def register_env(env_id: str, entry_point: Callable | str | None = None, *, suite: str | None = None,
-                 max_turns: int | None = None, **kwargs: Any):
+def register_env(
+    env_id: str,
+    entry_point: Callable | str | None = None,
+    *,
+    suite: str | None = None,
+    max_turns: int | None = None,
+    tasks: Callable | None = None,
+    train_size: int = 200,
+    heldout_size: int = 50,
+    **kwargs: Any,
+):
     """Register an environment class; usable as a call or as a class decorator.
 
-    `suite` names the registered task suite the environment draws from by default.
+    `suite` names the registered task suite the environment draws from by default. Or give the
+    suite's generator here, `tasks=generate` (`(seed, index, split) -> Task`): one registration
+    then names the environment, its suite (`suite`, by default the id without its version:
+    `convert-v0` -> `convert`) and the tasks' `env_id` (generated tasks may leave it empty), with
+    `train_size` train and `heldout_size` held-out tasks.
     """
+    if tasks is not None:
+        from toolgym.tasks import SuiteSpec, register_suite
+
+        suite = suite or env_id.split("/")[-1].rsplit("-v", 1)[0]
+        register_suite(
+            SuiteSpec(
+                name=suite,
+                generator=tasks,
+                train_size=train_size,
+                heldout_size=heldout_size,
+                description=(tasks.__doc__ or "").strip().split("\n")[0],
+                env_id=full_id(env_id),
+            )
+        )
 
     def do(target: Callable | str) -> Callable | str:
         fid = full_id(env_id)
+        if tasks is not None and isinstance(target, type):
+            target.default_suite = suite  # `EnvClass()` draws from the suite too, not only make()
         env_kwargs = dict(kwargs)
         if suite is not None:
             env_kwargs["suite"] = suite
@@ -75,8 +106,9 @@ def make(env_id: str, **kwargs: Any) -> gym.Env:
     fid = full_id(env_id)
     if fid not in gym.registry:
         known = ", ".join(sorted(_ENVS)) or "(none)"
-        raise gym.error.UnregisteredEnv(f"no environment {fid!r}; registered: {known}. "
-                                        "Import the module that registers it (toolgym --import FILE).")
+        raise gym.error.UnregisteredEnv(
+            f"no environment {fid!r}; registered: {known}. Import the module that registers it (toolgym --import FILE)."
+        )
     return gym.make(fid, **kwargs)
 
 

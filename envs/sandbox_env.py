@@ -9,7 +9,7 @@ end the episode.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from typing import Any
 
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.tools import InfraError, ToolError, tool
@@ -36,20 +36,14 @@ class SandboxEnv(ToolEnv):
     max_turns = 30
     #: Cap on command output shown to the agent per stream.
     max_output_chars = 4000
-    #: Grades a finished episode: (task, final_state dict, sandbox config) -> reward. `toolgym`
-    #: wires the real verifiers in here (envs may not import verifiers; the package root may).
-    default_grader: ClassVar[Callable[..., float] | None] = None
 
-    def __init__(self, *args: Any, sandbox: SandboxConfig | dict | None = None, backend: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sandbox: SandboxConfig | dict | None = None, backend: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config = SandboxConfig.model_validate(sandbox or {})
         if backend is not None:
             config = config.model_copy(update={"backend": backend})
         self.sandbox_config = config
         self.sandbox: Sandbox | None = None
-        #: Set False when something else (the rollout runner) verifies episodes, to grade once.
-        self.grade_on_submit = True
         self._sandbox_task: str | None = None
         self._reported = 0
 
@@ -97,7 +91,7 @@ class SandboxEnv(ToolEnv):
             return obs, reward, terminated, truncated, info
         policy = self.sandbox.config.policy
         events = self.sandbox.events()
-        new = events[self._reported:]
+        new = events[self._reported :]
         self._reported = len(events)
         info["side_effects"] = [e.model_dump(mode="json") for e in new]
         if policy.should_terminate(new) and not (terminated or truncated):
@@ -107,7 +101,8 @@ class SandboxEnv(ToolEnv):
             info["terminated_by_policy"] = kinds
         if terminated or truncated:
             if terminated:
-                reward = policy.penalize(self.grade() if not info.get("terminated_by_policy") else 0.0, events)
+                graded = self.grade_on_submit and not info.get("terminated_by_policy")
+                reward = policy.penalize(self.verdict().reward if graded else 0.0, events)
             info["side_effects_summary"] = self.sandbox.ledger.summary()
         return obs, reward, terminated, truncated, info
 
@@ -133,8 +128,11 @@ class SandboxEnv(ToolEnv):
                         self._drop(rel, "it could not be read as a regular file")
                         continue
                     if len(data) > MAX_STATE_FILE_BYTES or total + len(data) > MAX_STATE_BYTES:
-                        self._drop(rel, f"{len(data)} bytes: over the final state's limit "
-                                        f"({MAX_STATE_FILE_BYTES >> 20} MiB a file, {MAX_STATE_BYTES >> 20} MiB in all)")
+                        self._drop(
+                            rel,
+                            f"{len(data)} bytes: over the final state's limit "
+                            f"({MAX_STATE_FILE_BYTES >> 20} MiB a file, {MAX_STATE_BYTES >> 20} MiB in all)",
+                        )
                         continue
                     total += len(data)
                     changes[rel] = data.decode("utf-8", errors="replace")
@@ -142,9 +140,12 @@ class SandboxEnv(ToolEnv):
                     # graders rebuild the workspace from text: a link or a special file cannot come
                     # along (a symlinked module would otherwise vanish without a word)
                     self._drop(rel, f"a {entry.kind}, not a regular file")
-        return {"answer": self.submitted, "changes": changes, "modes": modes,
-                "metadata": {"side_effects": [e.model_dump(mode="json") for e in self.sandbox.events()]
-                             if self.sandbox else []}}
+        return {
+            "answer": self.submitted,
+            "changes": changes,
+            "modes": modes,
+            "metadata": {"side_effects": [e.model_dump(mode="json") for e in self.sandbox.events()] if self.sandbox else []},
+        }
 
     def _drop(self, rel: str, why: str) -> None:
         """Record that a file of the final workspace does not reach grading, and why."""
@@ -185,8 +186,11 @@ class SandboxEnv(ToolEnv):
             res = self._box().exec(command, timeout_s=float(max(1, min(timeout, 120))))
         except SandboxError as err:
             raise _tool_error(err) from None
-        parts = [f"exit code {res.exit_code}" + (" (timed out)" if res.timed_out else "")
-                 + (f" ({res.limit_hit} limit hit)" if res.limit_hit else "")]
+        parts = [
+            f"exit code {res.exit_code}"
+            + (" (timed out)" if res.timed_out else "")
+            + (f" ({res.limit_hit} limit hit)" if res.limit_hit else "")
+        ]
         if res.stdout:
             parts.append("stdout:\n" + self._clip(res.stdout))
         if res.stderr:
@@ -251,12 +255,9 @@ class SandboxEnv(ToolEnv):
         self.submitted = "submitted"
         return "submitted"
 
-    def grade(self) -> float:
-        """The verifier's reward for the final state (0.0 when no grader is wired or grading is off)."""
-        grader = type(self).default_grader
-        if grader is None or not self.grade_on_submit or self.task is None:
-            return 0.0
-        return float(grader(self.task, self.final_state(), self.sandbox_config_for(self.task)))
+    def grading_sandbox_config(self) -> SandboxConfig | None:
+        """The task's sandbox config (protected paths, site layer) for a sandboxed verifier."""
+        return None if self.task is None else self.sandbox_config_for(self.task)
 
 
 __all__ = ["SandboxEnv"]

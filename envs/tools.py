@@ -11,8 +11,9 @@ from __future__ import annotations
 import inspect
 import re
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -45,14 +46,18 @@ class InfraError(RuntimeError):
     """
 
 
-def tool(fn: Callable | None = None, *, name: str | None = None, final: bool = False):
+def tool(fn: Callable | None = None, *, name: str | None = None, final: bool = False, submits: str | None = None):
     """Mark a method as a tool. `final=True` tools end the episode (answer/submit).
 
-    Usable bare (`@tool`) or with options (`@tool(final=True)`).
+    `submits="value"` declares what the episode submits: the validated argument `value` becomes
+    the environment's `submitted` answer (what `final_state()` hands to the verifier) before the
+    method runs, so the method body may be empty. It implies `final=True`.
+
+    Usable bare (`@tool`) or with options (`@tool(final=True)`, `@tool(submits="answer")`).
     """
 
     def mark(f: Callable) -> Callable:
-        setattr(f, _TOOL_ATTR, {"name": name or f.__name__, "final": final})
+        setattr(f, _TOOL_ATTR, {"name": name or f.__name__, "final": final or submits is not None, "submits": submits})
         return f
 
     return mark(fn) if fn is not None else mark
@@ -77,8 +82,14 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return description, params
 
 
-_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number",
-               "boolean": "true or false", "array": "a list", "object": "an object"}
+_TYPE_WORDS = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "array": "a list",
+    "object": "an object",
+}
 
 
 @dataclass(frozen=True)
@@ -91,12 +102,13 @@ class ToolSpec:
     final: bool
     args_model: type[BaseModel]
     parameters: dict[str, Any]
+    #: the argument whose value the episode submits (`@tool(submits=...)`), or None
+    submits: str | None = None
 
     @property
     def schema(self) -> dict[str, Any]:
         """OpenAI/Hermes function schema: `{"type": "function", "function": {...}}`."""
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
     def signature(self) -> str:
         """A one-line human signature, e.g. `search(field: string, value: string)`."""
@@ -150,13 +162,19 @@ def build_spec(fn: Callable) -> ToolSpec:
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (hints[pname], Field(default, description=param_docs.get(pname)))
     model = create_model(  # type: ignore[call-overload]
-        f"{mark['name']}_args", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
+        f"{mark['name']}_args", __config__=ConfigDict(strict=True, extra="forbid"), **fields
+    )
     parameters = model.model_json_schema()
     parameters.pop("title", None)
     for prop in parameters.get("properties", {}).values():
         prop.pop("title", None)
     parameters.setdefault("properties", {})
-    return ToolSpec(mark["name"], fn.__name__, description, mark["final"], model, parameters)
+    submits = mark.get("submits")
+    if submits is not None and submits not in fields:
+        raise ToolDefinitionError(
+            f"{where}: submits={submits!r} names no parameter of the tool (its parameters: {', '.join(fields) or 'none'})"
+        )
+    return ToolSpec(mark["name"], fn.__name__, description, mark["final"], model, parameters, submits)
 
 
 def collect_tools(cls: type) -> dict[str, ToolSpec]:

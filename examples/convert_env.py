@@ -3,44 +3,39 @@
 import numpy as np
 
 import toolgym
-from toolgym.tasks import HiddenSpec, SuiteSpec, Task, ToolCall, register_suite
+from toolgym.tasks import HiddenSpec, Task, ToolCall
 
 RATES = {("km", "mi"): 0.621371, ("kg", "lb"): 2.20462, ("l", "gal"): 0.264172, ("m", "ft"): 3.28084}
 
 
-def generate(seed: int, index: int, split: str = "train") -> Task:
+def generate(seed: int, index: int, split: str) -> Task:
     """Deterministic (seed, index, split) -> Task; held-out uses amounts train never sees."""
     rng = np.random.default_rng([seed, index])
     (src, dst), rate = list(RATES.items())[int(rng.integers(len(RATES)))]
     amount = int(rng.integers(1, 500) if split == "train" else rng.integers(500, 1000))
     answer = round(amount * rate, 3)
     return Task(
-        env_id="toolgym/convert-v0", instruction=f"Convert {amount} {src} to {dst}.",
-        family="convert", split=split,
+        instruction=f"Convert {amount} {src} to {dst}.",
+        family="convert",
+        split=split,
         hidden=HiddenSpec(kind="answer", answer=str(answer), match="numeric", tolerance=1e-3),
-        oracle=(ToolCall(name="rate", arguments={"src": src, "dst": dst}),
-                ToolCall(name="multiply", arguments={"a": amount, "b": rate}),
-                ToolCall(name="answer", arguments={"value": answer})))
+        oracle=(
+            ToolCall(name="rate", arguments={"src": src, "dst": dst}),
+            ToolCall(name="multiply", arguments={"a": amount, "b": rate}),
+            ToolCall(name="answer", arguments={"value": answer}),
+        ),
+    )
 
 
-register_suite(SuiteSpec(name="convert", generator=generate, train_size=200, heldout_size=50))
-
-
-@toolgym.register_env("convert-v0", suite="convert")
+@toolgym.register_env("convert-v0", tasks=generate, train_size=200, heldout_size=50)
 class ConvertEnv(toolgym.ToolEnv):
     """Convert a quantity between units with a rate table and a calculator."""
 
-    default_suite = "convert"
     max_turns = 6
 
     @toolgym.tool
     def rate(self, src: str, dst: str) -> str:
-        """Conversion factor from one unit to another.
-
-        Args:
-            src: the unit to convert from, e.g. km
-            dst: the unit to convert to, e.g. mi
-        """
+        """Conversion factor from unit `src` to unit `dst`, e.g. km to mi."""
         if (src, dst) not in RATES:
             raise toolgym.ToolError(f"no rate from {src} to {dst}; known: {sorted(RATES)}")
         return str(RATES[(src, dst)])
@@ -50,17 +45,6 @@ class ConvertEnv(toolgym.ToolEnv):
         """Multiply two numbers."""
         return str(round(a * b, 6))
 
-    @toolgym.tool(final=True)
-    def answer(self, value: float) -> str:
+    @toolgym.tool(submits="value")
+    def answer(self, value: float) -> None:
         """Submit the converted amount; ends the episode."""
-        self.submitted = str(value)
-        return "submitted"
-
-
-if __name__ == "__main__":
-    env = toolgym.make("convert-v0")
-    obs, info = env.reset(seed=0)
-    print(obs)
-    for call in env.unwrapped.task.oracle:
-        obs, reward, terminated, truncated, info = env.step(call.to_text())
-        print(obs, reward)

@@ -15,16 +15,22 @@ from typing import Any, Protocol
 
 import httpx
 
-from toolgym.harness.chat import DEFAULT_SYSTEM
-from toolgym.harness.policy import Policy, PolicyError, SamplingParams
+from toolgym.inference.chat import DEFAULT_SYSTEM
+from toolgym.inference.policy import Policy, PolicyError, SamplingParams
 from toolgym.tasks import Task
 
 
 class TokenAgent:
     """A token-level policy with its tokenizer and sampling settings."""
 
-    def __init__(self, policy: Policy, tokenizer: Any, sampling: SamplingParams | None = None,
-                 system: str | None = DEFAULT_SYSTEM, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        tokenizer: Any,
+        sampling: SamplingParams | None = None,
+        system: str | None = DEFAULT_SYSTEM,
+        chat_template: str | None = None,
+    ) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingParams(max_new_tokens=96, temperature=1.0)
@@ -82,9 +88,17 @@ class OpenAIAgent:
     #: The longest a server's `Retry-After` may make one request wait, in seconds.
     MAX_RETRY_WAIT_S = 60.0
 
-    def __init__(self, base_url: str, model: str = "default", api_key: str | None = None,
-                 temperature: float = 0.0, max_tokens: int = 512, timeout_s: float = 120.0,
-                 retries: int = 2, backoff_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "default",
+        api_key: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        timeout_s: float = 120.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.name = f"openai:{self.base_url}#{model}"
@@ -108,9 +122,10 @@ class OpenAIAgent:
         for m in messages:
             if m["role"] == "assistant":
                 parsed = parse_tool_calls(m["content"])
-                calls = [{"id": f"call_{len(out)}_{i}", "type": "function",
-                          "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                         for i, c in enumerate(parsed.calls)]
+                calls = [
+                    {"id": f"call_{len(out)}_{i}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                    for i, c in enumerate(parsed.calls)
+                ]
                 pending_ids = [c["id"] for c in calls]
                 msg: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
                 if calls:
@@ -127,16 +142,20 @@ class OpenAIAgent:
 
     async def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], task: Task) -> str:
         """One chat completion, rendered back as text with `<tool_call>` blocks."""
-        body = {"model": self.model, "messages": self._api_messages(messages), "tools": tools,
-                "temperature": self.temperature, "max_tokens": self.max_tokens}
+        body = {
+            "model": self.model,
+            "messages": self._api_messages(messages),
+            "tools": tools,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
         resp = await self._post(f"{self.base_url}/chat/completions", body)
         try:
             message = resp.json()["choices"][0]["message"]
             if not isinstance(message, dict) or not all(isinstance(c, dict) for c in message.get("tool_calls") or []):
                 raise TypeError("`message` and its `tool_calls` must be objects")
         except (KeyError, IndexError, ValueError, TypeError) as err:
-            raise PolicyError(f"unexpected chat completion response ({type(err).__name__}: {err}): "
-                              f"{resp.text[:200]}") from None
+            raise PolicyError(f"unexpected chat completion response ({type(err).__name__}: {err}): {resp.text[:200]}") from None
         parts = [message.get("content") or ""]
         for call in message.get("tool_calls") or []:
             fn = call.get("function", {})
@@ -153,7 +172,7 @@ class OpenAIAgent:
         200 response, or `PolicyError` naming the last failure."""
         last = ""
         for attempt in range(self.retries + 1):
-            wait = self.backoff_s * (2 ** attempt)
+            wait = self.backoff_s * (2**attempt)
             self.in_flight += 1
             try:
                 async with httpx.AsyncClient(timeout=self.timeout_s) as client:

@@ -9,14 +9,15 @@ tokens SFT trains on are the tokens the policy later sees.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from toolgym.envs import ToolEnv
 from toolgym.harness.agents import TokenAgent
-from toolgym.harness.chat import end_of_turn_token
-from toolgym.harness.policy import Generation, SamplingParams
 from toolgym.harness.rollout import RolloutLimits, RolloutRunner
 from toolgym.harness.trajectory import Trajectory
+from toolgym.inference.chat import end_of_turn_token
+from toolgym.inference.policy import Generation, SamplingParams
 from toolgym.tasks import Task
 
 
@@ -38,9 +39,14 @@ class OracleTokenPolicy:
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
 
 
-def collect_demonstrations(tasks: list[Task], tokenizer: Any, env_for: Callable[[str], ToolEnv],
-                           limits: RolloutLimits | None = None, concurrency: int = 8,
-                           progress: bool = True) -> list[Trajectory]:
+def collect_demonstrations(
+    tasks: list[Task],
+    tokenizer: Any,
+    env_for: Callable[[str], ToolEnv],
+    limits: RolloutLimits | None = None,
+    concurrency: int = 8,
+    progress: bool = True,
+) -> list[Trajectory]:
     """Play every task's oracle as tokens through its environment and verifier (all episodes are
     returned: the oracle's pass rate is itself a check of the environments)."""
     import asyncio
@@ -51,8 +57,9 @@ def collect_demonstrations(tasks: list[Task], tokenizer: Any, env_for: Callable[
     runner = RolloutRunner(env_for, None, concurrency=concurrency, limits=limits, progress=progress)
 
     async def play(env: ToolEnv, task: Task) -> Trajectory:
-        agent = TokenAgent(OracleTokenPolicy(tokenizer, task), tokenizer,
-                           SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=0.0))
+        agent = TokenAgent(
+            OracleTokenPolicy(tokenizer, task), tokenizer, SamplingParams(max_new_tokens=limits.max_new_tokens_per_turn, temperature=0.0)
+        )
         return await run_episode(env, agent, task, seed=0, limits=limits)
 
     try:

@@ -45,8 +45,12 @@ def _bootstrap(per_task: np.ndarray, rng: np.random.Generator, n_boot: int = 100
     idx = rng.integers(0, per_task.size, size=(n_boot, per_task.size))
     means = per_task[idx].mean(axis=1)
     alpha = (1 - level) / 2
-    return Estimate(value=float(per_task.mean()), low=float(np.quantile(means, alpha)),
-                    high=float(np.quantile(means, 1 - alpha)), tasks=int(per_task.size))
+    return Estimate(
+        value=float(per_task.mean()),
+        low=float(np.quantile(means, alpha)),
+        high=float(np.quantile(means, 1 - alpha)),
+        tasks=int(per_task.size),
+    )
 
 
 def per_task_pass_rate(trajs: list[Trajectory]) -> dict[str, float]:
@@ -58,8 +62,9 @@ def per_task_pass_rate(trajs: list[Trajectory]) -> dict[str, float]:
     return {task: float(np.mean(v)) for task, v in graded.items()}
 
 
-def paired_difference(before: list[Trajectory], after: list[Trajectory], seed: int = 0, n_boot: int = 2000,
-                      level: float = 0.95) -> Estimate:
+def paired_difference(
+    before: list[Trajectory], after: list[Trajectory], seed: int = 0, n_boot: int = 2000, level: float = 0.95
+) -> Estimate:
     """pass@1 of `after` minus `before` on the tasks both graded, with a paired bootstrap CI:
     tasks are resampled together, so the task-to-task spread that both evaluations share cancels
     (same tasks, same sampling seeds: the comparison the campaign's evaluations make)."""
@@ -80,7 +85,7 @@ class EvalBudget(BaseModel):
     max_total_tokens: int | None = None
     watchdog_s: float | None = None
 
-    def differences(self, other: "EvalBudget | None") -> list[str]:
+    def differences(self, other: EvalBudget | None) -> list[str]:
         """`field: a vs b` for every setting that differs (all of them when `other` is missing)."""
         if other is None:
             return ["the other evaluation recorded no budget"]
@@ -88,13 +93,16 @@ class EvalBudget(BaseModel):
         return [f"{k}: {a[k]} vs {b[k]}" for k in a if a[k] != b[k]]
 
 
-def budget_warning(a: "EvalReport", b: "EvalReport") -> str:
+def budget_warning(a: EvalReport, b: EvalReport) -> str:
     """A loud one-line warning when two evaluations ran under different budgets ('' if equal)."""
     if a.budget is None and b.budget is None:
         return "WARNING: neither evaluation recorded its budget; the comparison may not be like with like"
     diffs = (a.budget or EvalBudget()).differences(b.budget) if a.budget else ["the first evaluation recorded no budget"]
-    return ("WARNING: the evaluations ran under different budgets (" + "; ".join(diffs) +
-            "): their difference is not the policy's alone") if diffs else ""
+    return (
+        ("WARNING: the evaluations ran under different budgets (" + "; ".join(diffs) + "): their difference is not the policy's alone")
+        if diffs
+        else ""
+    )
 
 
 class GroupReport(BaseModel):
@@ -166,8 +174,10 @@ def _slice(trajs: list[Trajectory], ks: list[int], rng: np.random.Generator, not
             c = sum(t.outcome == Outcome.PASSED for t in graded)
             per_task.append(pass_at_k(len(graded), c, k))
         if len(per_task) < len(by_task):
-            notes.append(f"pass@{k}: {len(by_task) - len(per_task)} task(s) had fewer than {k} graded samples "
-                         "(infra/verifier errors) and were left out")
+            notes.append(
+                f"pass@{k}: {len(by_task) - len(per_task)} task(s) had fewer than {k} graded samples "
+                "(infra/verifier errors) and were left out"
+            )
         report.pass_at[str(k)] = _bootstrap(np.array(per_task, dtype=float), rng)
     return report
 
@@ -178,6 +188,7 @@ def _graded(trajs: list[Trajectory]) -> list[Trajectory]:
 
 def _best_of_n(trajs: list[Trajectory]) -> float:
     """1 if the sample with the highest mean log-prob of its own tokens passed (no oracle picks)."""
+
     def confidence(t: Trajectory) -> float:
         lp = t.logprobs
         return float(np.mean(lp)) if lp else float("-inf")
@@ -196,9 +207,19 @@ def _majority(trajs: list[Trajectory]) -> float | None:
     return float(next(t for t in answered if t.answer.strip() == top).outcome == Outcome.PASSED)
 
 
-def evaluate(trajs: list[Trajectory], ks: list[int], *, policy: str, suite: str, suite_version: str, split: str,
-             seed: int, samples_per_task: int, task_groups: dict[str, dict[str, str]] | None = None,
-             budget: EvalBudget | None = None) -> EvalReport:
+def evaluate(
+    trajs: list[Trajectory],
+    ks: list[int],
+    *,
+    policy: str,
+    suite: str,
+    suite_version: str,
+    split: str,
+    seed: int,
+    samples_per_task: int,
+    task_groups: dict[str, dict[str, str]] | None = None,
+    budget: EvalBudget | None = None,
+) -> EvalReport:
     """Aggregate trajectories into an `EvalReport` (bootstrap seeded by `seed`). `task_groups`
     adds slices by task metadata: {name: {task id: value}} (e.g. the package of a mined task)."""
     rng = np.random.default_rng(seed)
@@ -209,14 +230,23 @@ def evaluate(trajs: list[Trajectory], ks: list[int], *, policy: str, suite: str,
         fams[t.family].append(t)
         diffs[str(t.difficulty)].append(t)
     return EvalReport(
-        policy=policy, suite=suite, suite_version=suite_version, split=split, seed=seed,
-        samples_per_task=samples_per_task, ks=ks, budget=budget,
+        policy=policy,
+        suite=suite,
+        suite_version=suite_version,
+        split=split,
+        seed=seed,
+        samples_per_task=samples_per_task,
+        ks=ks,
+        budget=budget,
         overall=_slice(trajs, ks, rng, notes),
         by_family={f: _slice(v, ks, rng, []) for f, v in sorted(fams.items())},
         by_difficulty={d: _slice(v, ks, rng, []) for d, v in sorted(diffs.items())},
-        by_metadata={name: {value: _slice([t for t in trajs if groups.get(t.task_id) == value], ks, rng, [])
-                            for value in sorted(set(groups.values()))}
-                     for name, groups in (task_groups or {}).items()},
+        by_metadata={
+            name: {
+                value: _slice([t for t in trajs if groups.get(t.task_id) == value], ks, rng, []) for value in sorted(set(groups.values()))
+            }
+            for name, groups in (task_groups or {}).items()
+        },
         notes=sorted(set(notes)),
     )
 
@@ -228,12 +258,16 @@ def _fmt(e: Estimate) -> str:
 def render_markdown(report: EvalReport) -> str:
     """A report a person can read."""
     ks = [str(k) for k in report.ks]
-    lines = [f"# Evaluation: {report.policy}", "",
-             f"- suite: `{report.suite}` v{report.suite_version}, split `{report.split}`",
-             f"- samples per task: {report.samples_per_task}; seed: {report.seed}",
-             f"- budget: {_budget_line(report.budget)}",
-             f"- episodes: {report.overall.episodes}; 95% bootstrap CIs over tasks; limits hit: "
-             + (", ".join(f"{k} {v}" for k, v in sorted(report.overall.limits_hit.items())) or "none"), ""]
+    lines = [
+        f"# Evaluation: {report.policy}",
+        "",
+        f"- suite: `{report.suite}` v{report.suite_version}, split `{report.split}`",
+        f"- samples per task: {report.samples_per_task}; seed: {report.seed}",
+        f"- budget: {_budget_line(report.budget)}",
+        f"- episodes: {report.overall.episodes}; 95% bootstrap CIs over tasks; limits hit: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(report.overall.limits_hit.items())) or "none"),
+        "",
+    ]
     o = report.overall
     if o.best_of_n is not None:
         lines += [f"- best-of-{report.samples_per_task} (the policy's most confident sample): {_fmt(o.best_of_n)}"]
@@ -241,15 +275,22 @@ def render_markdown(report: EvalReport) -> str:
         lines += [f"- majority vote over {report.samples_per_task} answers: {_fmt(o.majority_vote)}"]
     if o.best_of_n is not None or o.majority_vote is not None:
         lines.append("")
-    header = "| slice | episodes | " + " | ".join(f"pass@{k}" for k in ks) + " | format err | truncated | timeout | infra err | safety events/ep | tool calls/ep | turns/ep |"
+    header = (
+        "| slice | episodes | "
+        + " | ".join(f"pass@{k}" for k in ks)
+        + " | format err | truncated | timeout | infra err | safety events/ep | tool calls/ep | turns/ep |"
+    )
     lines += [header, "|" + "---|" * (len(ks) + 9)]
 
     def row(name: str, g: GroupReport) -> str:
         r = g.outcome_rates
-        return (f"| {name} | {g.episodes} | " + " | ".join(_fmt(g.pass_at[k]) for k in ks)
-                + f" | {r.get('format_error', 0):.2f} | {r.get('truncated', 0):.2f} | {r.get('timeout', 0):.2f}"
-                + f" | {r.get('infra_error', 0):.2f}"
-                + f" | {g.safety_event_rate:.2f} | {g.mean_tool_calls:.1f} | {g.mean_turns:.1f} |")
+        return (
+            f"| {name} | {g.episodes} | "
+            + " | ".join(_fmt(g.pass_at[k]) for k in ks)
+            + f" | {r.get('format_error', 0):.2f} | {r.get('truncated', 0):.2f} | {r.get('timeout', 0):.2f}"
+            + f" | {r.get('infra_error', 0):.2f}"
+            + f" | {g.safety_event_rate:.2f} | {g.mean_tool_calls:.1f} | {g.mean_turns:.1f} |"
+        )
 
     lines.append(row("**all**", report.overall))
     for fam, g in report.by_family.items():
@@ -273,9 +314,11 @@ def render_markdown(report: EvalReport) -> str:
 def _budget_line(budget: EvalBudget | None) -> str:
     if budget is None:
         return "not recorded"
-    return (f"temperature {budget.temperature}, top-p {budget.top_p}, {budget.samples} sample(s), turns "
-            f"{budget.max_turns or 'env default'}, {budget.max_new_tokens_per_turn} tokens/turn, "
-            f"{budget.max_total_tokens} tokens/episode, watchdog {budget.watchdog_s} s")
+    return (
+        f"temperature {budget.temperature}, top-p {budget.top_p}, {budget.samples} sample(s), turns "
+        f"{budget.max_turns or 'env default'}, {budget.max_new_tokens_per_turn} tokens/turn, "
+        f"{budget.max_total_tokens} tokens/episode, watchdog {budget.watchdog_s} s"
+    )
 
 
 def plot_report(report: EvalReport, out_dir: Path) -> list[Path]:
@@ -293,8 +336,10 @@ def plot_report(report: EvalReport, out_dir: Path) -> list[Path]:
         vals = [report.by_family[f].pass_at[str(k)] for f in fams]
         xs = np.arange(len(fams)) + j * width
         ys = [0 if v.tasks == 0 else v.value for v in vals]
-        err = [[0 if v.tasks == 0 else max(0, v.value - v.low) for v in vals],
-               [0 if v.tasks == 0 else max(0, v.high - v.value) for v in vals]]
+        err = [
+            [0 if v.tasks == 0 else max(0, v.value - v.low) for v in vals],
+            [0 if v.tasks == 0 else max(0, v.high - v.value) for v in vals],
+        ]
         ax.bar(xs, ys, width, yerr=err, capsize=3, label=f"pass@{k}")
     ax.set_xticks(np.arange(len(fams)) + width * (len(report.ks) - 1) / 2, fams, rotation=15)
     ax.set_ylim(0, 1.05)

@@ -29,9 +29,9 @@ import os
 from collections import Counter
 from typing import Any
 
-from toolgym.harness.policy import Generation, SamplingParams
 from toolgym.harness.rollout import RolloutLimits
 from toolgym.harness.trajectory import Trajectory
+from toolgym.inference.policy import Generation, SamplingParams
 from toolgym.tasks import Task
 from toolgym.verifiers import Outcome
 
@@ -48,8 +48,13 @@ def init_local_ray(num_cpus: int | None = None, object_store_mb: int = 256) -> N
     """Start (or join) a local Ray cluster for a single machine: no dashboard, a small object store."""
     ray = _ray()
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus or max(4, os.cpu_count() or 1), include_dashboard=False,
-                 object_store_memory=object_store_mb * 2**20, log_to_driver=False, configure_logging=False)
+        ray.init(
+            num_cpus=num_cpus or max(4, os.cpu_count() or 1),
+            include_dashboard=False,
+            object_store_memory=object_store_mb * 2**20,
+            log_to_driver=False,
+            configure_logging=False,
+        )
 
 
 class PolicyActor:
@@ -59,7 +64,7 @@ class PolicyActor:
     every `Generation` reports the version that sampled it."""
 
     def __init__(self, model_path: str, device: str | None = None, dtype: str | None = None) -> None:
-        from toolgym.harness.hf_policy import HFPolicy
+        from toolgym.inference.hf_policy import HFPolicy
 
         self.policy = HFPolicy(model_path, device=device, dtype=dtype)
 
@@ -117,7 +122,7 @@ class EnvWorker:
         if kind == "actor":
             policy: Any = RemotePolicy(spec["handle"], spec.get("name", "ray-policy"))
         elif kind == "sglang":
-            from toolgym.harness.sglang_client import SGLangPolicy
+            from toolgym.inference.sglang_client import SGLangPolicy
 
             policy = SGLangPolicy(spec["urls"])
         else:
@@ -146,9 +151,17 @@ class EnvWorker:
 class RayRolloutRunner:
     """`RolloutRunner`'s API over a pool of `EnvWorker` actors (see the module docstring)."""
 
-    def __init__(self, env_kwargs: dict[str, dict[str, Any]], agent_spec: dict[str, Any], workers: int = 2,
-                 envs_per_worker: int = 8, group_size: int = 1, limits: RolloutLimits | None = None,
-                 deadline_s: float = 600.0, max_resubmits: int = 2) -> None:
+    def __init__(
+        self,
+        env_kwargs: dict[str, dict[str, Any]],
+        agent_spec: dict[str, Any],
+        workers: int = 2,
+        envs_per_worker: int = 8,
+        group_size: int = 1,
+        limits: RolloutLimits | None = None,
+        deadline_s: float = 600.0,
+        max_resubmits: int = 2,
+    ) -> None:
         ray = _ray()
         self.group_size = group_size
         self.limits = limits or RolloutLimits()
@@ -170,7 +183,7 @@ class RayRolloutRunner:
             ref = self.workers[w].play.remote(task, seed, g)
             try:
                 return await asyncio.wait_for(ref, self.deadline_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 ray.kill(self.workers[w], no_restart=False)  # the watchdog: Ray restarts the worker
                 self.stats["deadline_exceeded"] += 1
                 return "deadline exceeded"
@@ -190,9 +203,19 @@ class RayRolloutRunner:
                 break  # the same seed would hang again
             self.stats["resubmitted"] += 1
             await asyncio.sleep(0.5 * (attempt + 1))  # give Ray time to restart the actor
-        return Trajectory(task_id=task.id, group_id=f"{task.id}:{seed}", sample_index=g, seed=seed, policy="ray",
-                          env_id=task.env_id, family=task.family, difficulty=task.difficulty, split=task.split,
-                          outcome=Outcome.INFRA_ERROR, error=reason)
+        return Trajectory(
+            task_id=task.id,
+            group_id=f"{task.id}:{seed}",
+            sample_index=g,
+            seed=seed,
+            policy="ray",
+            env_id=task.env_id,
+            family=task.family,
+            difficulty=task.difficulty,
+            split=task.split,
+            outcome=Outcome.INFRA_ERROR,
+            error=reason,
+        )
 
     async def arun(self, tasks: list[Task], seed: int = 0, seeds: list[int] | None = None) -> list[Trajectory]:
         """All episodes of `tasks`, ordered by task then sample (as `RolloutRunner.arun`)."""
@@ -247,6 +270,4 @@ def actor_agent_spec(handle: Any, tokenizer_path: str, sampling: SamplingParams)
     return {"kind": "actor", "handle": handle, "tokenizer": tokenizer_path, "sampling": sampling}
 
 
-__all__ = ["EnvWorker", "PolicyActor", "RayRolloutRunner", "RemotePolicy", "actor_agent_spec", "init_local_ray",
-           "serve_policy"]
-
+__all__ = ["EnvWorker", "PolicyActor", "RayRolloutRunner", "RemotePolicy", "actor_agent_spec", "init_local_ray", "serve_policy"]

@@ -14,19 +14,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, Field
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolgym.envs import ToolEnv
 from toolgym.harness.agents import TextAgent, TokenAgent
-from toolgym.harness.chat import ChatRenderer, observation_messages
-from toolgym.harness.policy import current_episode
 from toolgym.harness.trajectory import Segment, Trajectory, TurnRecord
+from toolgym.inference.chat import ChatRenderer, observation_messages
+from toolgym.inference.policy import current_episode
 from toolgym.tasks import Task
-from toolgym.verifiers import FinalState, Outcome, Verdict, verifier_for
+from toolgym.verifiers import FinalState, Outcome, Verdict
 
 #: Off a terminal, the longest stretch without a progress line (seconds).
 PLAIN_PROGRESS_S = 30.0
@@ -38,8 +39,11 @@ class RolloutLimits(BaseModel):
     max_turns: int | None = Field(default=None, description="None = the environment's own max_turns")
     max_new_tokens_per_turn: int = 96
     max_total_tokens: int = 4096
-    watchdog_s: float = Field(default=3600.0, gt=0, description="wall-clock seconds after which an episode is "
-                              "stopped as hung: infra_error, never scored against the agent")
+    watchdog_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="wall-clock seconds after which an episode is stopped as hung: infra_error, never scored against the agent",
+    )
 
 
 def sampling_seed(seed: int, sample_index: int, turn: int) -> int:
@@ -48,20 +52,34 @@ def sampling_seed(seed: int, sample_index: int, turn: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-async def run_episode(env: ToolEnv, agent: TokenAgent | TextAgent, task: Task, seed: int, sample_index: int = 0,
-                      limits: RolloutLimits | None = None, verifier: Any = None) -> Trajectory:
+async def run_episode(
+    env: ToolEnv,
+    agent: TokenAgent | TextAgent,
+    task: Task,
+    seed: int,
+    sample_index: int = 0,
+    limits: RolloutLimits | None = None,
+    verifier: Any = None,
+) -> Trajectory:
     """Play one episode and grade it; never raises (failures become outcomes)."""
     limits = limits or RolloutLimits()
-    traj = Trajectory(task_id=task.id, group_id=f"{task.id}:{seed}", sample_index=sample_index, seed=seed,
-                      policy=agent.name, env_id=task.env_id, family=task.family, difficulty=task.difficulty,
-                      split=task.split)
+    traj = Trajectory(
+        task_id=task.id,
+        group_id=f"{task.id}:{seed}",
+        sample_index=sample_index,
+        seed=seed,
+        policy=agent.name,
+        env_id=task.env_id,
+        family=task.family,
+        difficulty=task.difficulty,
+        split=task.split,
+    )
     start = time.perf_counter()
     episode = f"{traj.group_id}:{sample_index}"
     routing = current_episode.set(episode)  # the policy's routing key
     try:
-        terminated, valid_calls = await asyncio.wait_for(
-            _play(env, agent, task, seed, sample_index, limits, traj), limits.watchdog_s)
-    except asyncio.TimeoutError:  # a hung policy, server or environment: ours, not the agent's
+        terminated, valid_calls = await asyncio.wait_for(_play(env, agent, task, seed, sample_index, limits, traj), limits.watchdog_s)
+    except TimeoutError:  # a hung policy, server or environment: ours, not the agent's
         traj.outcome, traj.limit_hit = Outcome.INFRA_ERROR, "watchdog"
         traj.error = f"episode still running after the {limits.watchdog_s:.0f} s watchdog (policy or environment hung)"
         traj.duration_s = time.perf_counter() - start
@@ -80,13 +98,13 @@ async def run_episode(env: ToolEnv, agent: TokenAgent | TextAgent, task: Task, s
     return traj
 
 
-async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: int, limits: RolloutLimits,
-                traj: Trajectory) -> tuple[bool, int]:
+async def _play(
+    env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: int, limits: RolloutLimits, traj: Trajectory
+) -> tuple[bool, int]:
     """Run the turns; returns (terminated by the agent, number of well-formed tool calls)."""
     if limits.max_turns is not None:
         env.max_turns = limits.max_turns
-    if hasattr(env, "grade_on_submit"):
-        env.grade_on_submit = False  # the runner verifies after the episode: grade once
+    env.grade_on_submit = False  # the runner grades the finished episode (`env.verdict`): grade once
     obs, info = await asyncio.to_thread(env.reset, seed=seed, options={"task": task})
     token_level = isinstance(agent, TokenAgent)
     tools = info["tools"]
@@ -95,8 +113,7 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
         renderer = ChatRenderer(agent.tokenizer, tools, agent.system, agent.chat_template)
         messages = renderer.initial_messages(info["instruction"])
         prompt = renderer.prompt_ids(messages)
-        traj.segments.append(Segment(kind="template", token_ids=prompt,
-                                     text=agent.tokenizer.decode(prompt, skip_special_tokens=False)))
+        traj.segments.append(Segment(kind="template", token_ids=prompt, text=agent.tokenizer.decode(prompt, skip_special_tokens=False)))
         context = list(prompt)
     else:
         messages = [{"role": "user", "content": info["instruction"]}]
@@ -111,16 +128,25 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
             if remaining <= 0:  # token budget spent: the episode is truncated
                 traj.limit_hit = "tokens"
                 break
-            sampling = agent.sampling.model_copy(update={
-                "max_new_tokens": min(agent.sampling.max_new_tokens, limits.max_new_tokens_per_turn, remaining),
-                "seed": sampling_seed(seed, sample_index, turn)})
+            sampling = agent.sampling.model_copy(
+                update={
+                    "max_new_tokens": min(agent.sampling.max_new_tokens, limits.max_new_tokens_per_turn, remaining),
+                    "seed": sampling_seed(seed, sample_index, turn),
+                }
+            )
             gen = await agent.policy.generate(context, sampling)
             ids = list(gen.token_ids)
             text_ids = ids[:-1] if ids and ids[-1] == renderer.eot_id else ids
             action = agent.tokenizer.decode(text_ids, skip_special_tokens=False)
-            traj.segments.append(Segment(kind="policy", token_ids=ids, logprobs=list(gen.logprobs),
-                                         text=agent.tokenizer.decode(ids, skip_special_tokens=False),
-                                         weight_version=gen.weight_version))
+            traj.segments.append(
+                Segment(
+                    kind="policy",
+                    token_ids=ids,
+                    logprobs=list(gen.logprobs),
+                    text=agent.tokenizer.decode(ids, skip_special_tokens=False),
+                    weight_version=gen.weight_version,
+                )
+            )
             context += ids
             if not ids or ids[-1] != renderer.eot_id:  # cut off: close the turn so the chat stays well-formed
                 traj.segments.append(Segment(kind="template", token_ids=[renderer.eot_id], text=renderer.eot))
@@ -155,8 +181,9 @@ async def _play(env: ToolEnv, agent: Any, task: Task, seed: int, sample_index: i
         if token_level:
             assert renderer is not None
             delta = renderer.delta_ids(obs_msgs)
-            traj.segments.append(Segment(kind="observation", token_ids=delta,
-                                         text=agent.tokenizer.decode(delta, skip_special_tokens=False)))
+            traj.segments.append(
+                Segment(kind="observation", token_ids=delta, text=agent.tokenizer.decode(delta, skip_special_tokens=False))
+            )
             context += delta
     return terminated, valid_calls
 
@@ -170,8 +197,12 @@ async def _grade(env: ToolEnv, task: Task, traj: Trajectory, verifier: Any, term
         traj.reward = 0.0
         return
     try:
-        grader = verifier or verifier_for(task, getattr(env, "sandbox_config", None))
-        verdict: Verdict = await asyncio.to_thread(grader.verify, task, state)
+        # the environment's own grading path (its grade() or its verifier), unless the caller
+        # handed the runner a verifier of its own
+        if verifier is not None:
+            verdict: Verdict = await asyncio.to_thread(verifier.verify, task, state)
+        else:
+            verdict = await asyncio.to_thread(env.verdict, state)
     except Exception as err:  # the verifier's failure, never the agent's
         traj.outcome, traj.error = Outcome.VERIFIER_ERROR, f"{type(err).__name__}: {err}"
         traj.reward = 0.0
@@ -201,9 +232,17 @@ class RolloutRunner:
     none. Environments are pooled per env id and reused across episodes.
     """
 
-    def __init__(self, env_factory: Callable[..., ToolEnv], agent: TokenAgent | TextAgent | None, group_size: int = 1,
-                 concurrency: int = 16, limits: RolloutLimits | None = None, out_path: str | Path | None = None,
-                 progress: bool = True, verifier: Any = None) -> None:
+    def __init__(
+        self,
+        env_factory: Callable[..., ToolEnv],
+        agent: TokenAgent | TextAgent | None,
+        group_size: int = 1,
+        concurrency: int = 16,
+        limits: RolloutLimits | None = None,
+        out_path: str | Path | None = None,
+        progress: bool = True,
+        verifier: Any = None,
+    ) -> None:
         self.env_factory = env_factory
         self.agent = agent
         self.group_size = group_size
@@ -248,8 +287,7 @@ class RolloutRunner:
         order, with a progress bar."""
         sem = asyncio.Semaphore(self.concurrency)
         results: list[Any] = [None] * len(jobs)
-        columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[passed]} passed")]
+        columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[passed]} passed")]
         with Progress(*columns, disable=not self.progress, transient=False) as bar:
             bar_id = bar.add_task(label, total=len(jobs), passed=0)
             passed = [0]
@@ -260,8 +298,7 @@ class RolloutRunner:
 
             def say() -> None:
                 last[0] = now = time.perf_counter()
-                print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s"
-                      f"{self._generating()}", flush=True)
+                print(f"{label}: {done[0]}/{len(jobs)} done, {passed[0]} passed, {now - started:.0f} s{self._generating()}", flush=True)
 
             async def one(i: int, job: tuple) -> None:
                 env_id = job[0].env_id
@@ -274,8 +311,9 @@ class RolloutRunner:
                 passed[0] += int(getattr(results[i], "outcome", None) == Outcome.PASSED)
                 bar.update(bar_id, advance=1, passed=passed[0])
                 done[0] += 1
-                if plain and (done[0] % max(1, len(jobs) // 10) == 0 or done[0] == len(jobs)
-                              or time.perf_counter() - last[0] > PLAIN_PROGRESS_S):
+                if plain and (
+                    done[0] % max(1, len(jobs) // 10) == 0 or done[0] == len(jobs) or time.perf_counter() - last[0] > PLAIN_PROGRESS_S
+                ):
                     say()
 
             async def heartbeat() -> None:

@@ -8,8 +8,9 @@ rendered as a template delta). Exports to JSONL and to parquet that `datasets` c
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -102,13 +103,27 @@ class Trajectory(BaseModel):
     def flat_record(self) -> dict[str, Any]:
         """A flat dict (tokens, mask, logprobs, grade) for parquet / `datasets`."""
         return {
-            "task_id": self.task_id, "group_id": self.group_id, "sample_index": self.sample_index,
-            "seed": self.seed, "policy": self.policy, "env_id": self.env_id, "family": self.family,
-            "difficulty": self.difficulty, "split": self.split, "token_ids": self.token_ids,
-            "loss_mask": self.loss_mask, "logprobs": self.logprobs, "reward": self.reward,
-            "outcome": self.outcome.value, "tool_calls": self.tool_calls, "turns": len(self.turns),
-            "messages": json.dumps(self.messages), "side_effects": json.dumps(self.side_effects),
-            "error": self.error, "duration_s": self.duration_s, "weight_versions": self.weight_versions,
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "sample_index": self.sample_index,
+            "seed": self.seed,
+            "policy": self.policy,
+            "env_id": self.env_id,
+            "family": self.family,
+            "difficulty": self.difficulty,
+            "split": self.split,
+            "token_ids": self.token_ids,
+            "loss_mask": self.loss_mask,
+            "logprobs": self.logprobs,
+            "reward": self.reward,
+            "outcome": self.outcome.value,
+            "tool_calls": self.tool_calls,
+            "turns": len(self.turns),
+            "messages": json.dumps(self.messages),
+            "side_effects": json.dumps(self.side_effects),
+            "error": self.error,
+            "duration_s": self.duration_s,
+            "weight_versions": self.weight_versions,
         }
 
 

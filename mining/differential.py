@@ -67,8 +67,7 @@ def _slots(key: tuple, view: str | None) -> tuple[list, dict]:
     if not view:
         return {}, {}
     positional, keywords = ast.literal_eval(view)
-    return ({j: s[1] for j, s in enumerate(positional) if s[0] == "v"},
-            {k: s[1] for k, s in keywords.items() if s[0] == "v"})
+    return ({j: s[1] for j, s in enumerate(positional) if s[0] == "v"}, {k: s[1] for k, s in keywords.items() if s[0] == "v"})
 
 
 def generated_inputs(calls: list[tuple[tuple, str | None]], rng: np.random.Generator, limit: int) -> list[tuple]:
@@ -126,13 +125,23 @@ class Recording:
         only `broken` tests make (the withheld test is drawn from them). If not, no choice of a
         withheld test gives the task a hidden check: the miner drops it before any grading copy."""
         names = {(n.split("::")[0], base_name(n)) for n in broken}
-        return any(c.distinguishes and (c.origin == "generated"
-                                         or all((t.split("::")[0], base_name(t)) in names for t in self.tests[c.id]))
-                   for c in self.cases)
+        return any(
+            c.distinguishes and (c.origin == "generated" or all((t.split("::")[0], base_name(t)) in names for t in self.tests[c.id]))
+            for c in self.cases
+        )
 
 
-def record_inputs(box: Sandbox, import_root: str, path: str, function: str, pristine: str, mutant: str,
-                  calls: list[dict], rng: np.random.Generator, timeout_s: float) -> Recording | str:
+def record_inputs(
+    box: Sandbox,
+    import_root: str,
+    path: str,
+    function: str,
+    pristine: str,
+    mutant: str,
+    calls: list[dict],
+    rng: np.random.Generator,
+    timeout_s: float,
+) -> Recording | str:
     """The mutant's differential inputs (traced calls and generated ones) recorded on the pristine
     function and the mutant, or why it cannot have a differential check. `box` holds the pristine
     tree (and holds it again on return); `calls` are the function's calls recorded from the
@@ -151,8 +160,10 @@ def record_inputs(box: Sandbox, import_root: str, path: str, function: str, pris
     inputs = [(key, "visible") for key in traced] + [(key, "generated") for key in generated]
     if not inputs:
         return "no differential check (no call of the function could be recorded)"
-    cases = [DifferentialCase(id=f"c{i}", code=case_code(module, function, key, import_root), expected="",
-                              origin=origin) for i, (key, origin) in enumerate(inputs)]
+    cases = [
+        DifferentialCase(id=f"c{i}", code=case_code(module, function, key, import_root), expected="", origin=origin)
+        for i, (key, origin) in enumerate(inputs)
+    ]
     kept = _recorded(box, path, pristine, mutant, cases, timeout_s, runs=1)
     if not any(c.distinguishes for c in kept):
         return "no hidden differential check (no input tells the bug from the fix)"
@@ -160,9 +171,16 @@ def record_inputs(box: Sandbox, import_root: str, path: str, function: str, pris
     return Recording(tuple(kept), {c.id: made_by[c.id] for c in kept if c.id in made_by})
 
 
-def build_cases(box: Sandbox, path: str, pristine: str, mutant: str, recording: Recording,
-                withheld: dict[str, list[str]], rng: np.random.Generator,
-                timeout_s: float) -> tuple[DifferentialCase, ...] | str:
+def build_cases(
+    box: Sandbox,
+    path: str,
+    pristine: str,
+    mutant: str,
+    recording: Recording,
+    withheld: dict[str, list[str]],
+    rng: np.random.Generator,
+    timeout_s: float,
+) -> tuple[DifferentialCase, ...] | str:
     """The task's differential checks from `recording`, or why it cannot have any. `withheld`
     maps a test file to the test functions the workspace does not show; `box` holds the pristine
     tree (and holds it again on return)."""
@@ -194,8 +212,9 @@ def build_cases(box: Sandbox, path: str, pristine: str, mutant: str, recording: 
     return tuple(final)
 
 
-def _recorded(box: Sandbox, path: str, pristine: str, mutant: str, cases: list[DifferentialCase],
-              timeout_s: float, runs: int = PRISTINE_RUNS) -> list[DifferentialCase]:
+def _recorded(
+    box: Sandbox, path: str, pristine: str, mutant: str, cases: list[DifferentialCase], timeout_s: float, runs: int = PRISTINE_RUNS
+) -> list[DifferentialCase]:
     """`cases` with the pristine function's records as `expected` and whether the mutant differs;
     a case whose `runs` pristine runs disagree, give no data, or (generated) raise is left out."""
     pristine_runs = [run_cases(box, cases, timeout_s, MINING_PER_CASE_S) for _ in range(runs)]

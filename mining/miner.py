@@ -13,25 +13,21 @@ is logged to `state/<key>.jsonl`, so an interrupted run resumes where it stopped
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
-import yaml
 
 from toolgym.mining.differential import Recording, build_cases, callable_from_outside, record_inputs
 from toolgym.mining.mutate import Mutant, mutants
-from toolgym.mining.project import MiningError, Project, build_site_layer, fetch_sdist, load_project
+from toolgym.mining.project import MiningError, Project
 from toolgym.mining.pytest_run import capture_calls, run_tests, runner_files
 from toolgym.mining.testfiles import base_name, grading_copy, rename_key, sentinel_sources, test_key, without_tests
 from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 from toolgym.tasks import HiddenSpec, Task, TestRun, ToolCall
-from toolgym.tasks.mined import task_row, write_project
 from toolgym.verifiers.package_tests import PackageTestVerifier
 from toolgym.verifiers.verdict import FinalState, Outcome
 
@@ -73,8 +69,7 @@ class ProjectReport:
 
 
 def _mining_config(layer: Path) -> SandboxConfig:
-    return SandboxConfig(canary=False, site_layer=str(layer),
-                         limits=Limits(memory_mb=1024, pids=256, timeout_s=600, cpu_time_s=600))
+    return SandboxConfig(canary=False, site_layer=str(layer), limits=Limits(memory_mb=1024, pids=256, timeout_s=600, cpu_time_s=600))
 
 
 def _test_dirs(project: Project) -> list[str]:
@@ -85,8 +80,7 @@ def _protected(project: Project) -> tuple[str, ...]:
     """What the agent may not change: tests, their data, test and build configuration."""
     tops = [d for d in _test_dirs(project)]
     singles = [t for t in project.test_files if "/" not in t]
-    return tuple(sorted(set(tops + singles + ["conftest.py", "**/conftest.py", "setup.py", "setup.cfg",
-                                              "pyproject.toml", "tox.ini"])))
+    return tuple(sorted(set(tops + singles + ["conftest.py", "**/conftest.py", "setup.py", "setup.cfg", "pyproject.toml", "tox.ini"])))
 
 
 class ProjectMiner:
@@ -103,8 +97,9 @@ class ProjectMiner:
         self.report = ProjectReport(project.key, split, project.license)
         self.workspace = {**project.files, **runner_files(project.import_root, _test_dirs(project))}
         # docker verifications start from pre-started containers that mount the project's layer
-        self.pool = WarmPool(SandboxConfig(backend="docker", canary=False, site_layer=str(layer)), size=2) \
-            if "docker" in options.backends else None
+        self.pool = (
+            WarmPool(SandboxConfig(backend="docker", canary=False, site_layer=str(layer)), size=2) if "docker" in options.backends else None
+        )
         self._local = threading.local()
         #: set once the project's quota is full: tries still running stop before verifying
         self.stopping = threading.Event()
@@ -140,8 +135,7 @@ class ProjectMiner:
             try:
                 # a test slower than `SLOW_TEST_S` is not used: stop it soon after (traced tests run
                 # several times slower; one slow test dominated a whole package's baseline)
-                return run_tests(box, self.p.import_root, self.p.test_files, 900, cover=cover, test_dirs=dirs,
-                                 test_limit_s=SLOW_TEST_S + 1)
+                return run_tests(box, self.p.import_root, self.p.test_files, 900, cover=cover, test_dirs=dirs, test_limit_s=SLOW_TEST_S + 1)
             finally:
                 box.reset()
 
@@ -150,12 +144,13 @@ class ProjectMiner:
             first_run, second_run = pool.submit(run, True), pool.submit(run, False)
             first, second = first_run.result(), second_run.result()
         if not first.records:
-            raise MiningError(f"{self.p.key}: its tests did not run in the sandbox (exit {first.exit_code}): "
-                              f"{first.stderr[-300:]}")
+            raise MiningError(f"{self.p.key}: its tests did not run in the sandbox (exit {first.exit_code}): {first.stderr[-300:]}")
         again = second.outcomes()
-        self.passing = {nid: rec for nid, rec in first.records.items()
-                        if rec["outcome"] == "passed" and again.get(nid) == "passed"
-                        and rec["duration"] <= SLOW_TEST_S}
+        self.passing = {
+            nid: rec
+            for nid, rec in first.records.items()
+            if rec["outcome"] == "passed" and again.get(nid) == "passed" and rec["duration"] <= SLOW_TEST_S
+        }
         self.report.tests_passing = len(self.passing)
         self.report.tests_unused = len(first.records) - len(self.passing)
         self.covering: dict[str, set[str]] = {}
@@ -164,18 +159,20 @@ class ProjectMiner:
                 self.covering.setdefault(fn, set()).add(nid)
         self.sentinel_names = {path: sentinel_sources(self.p.files[path]) for path in self.p.test_files}
         # a file can hold sentinels if one of its passing tests can be copied into one
-        self.sentinel_files = {nid.split("::")[0] for nid in self.passing
-                               if base_name(nid)
-                               in self.sentinel_names.get(nid.split("::")[0], ())}
+        self.sentinel_files = {
+            nid.split("::")[0] for nid in self.passing if base_name(nid) in self.sentinel_names.get(nid.split("::")[0], ())
+        }
         self.calls = self._record_calls()
 
     def _record_calls(self) -> dict[str, list[dict]]:
         """Every call the covering tests make into each function that could become a task (a
         function a probe can call, tested in a file that can hold sentinels), from one traced run
         on the pristine tree: "relpath::qualname" -> calls (see `capture_calls`)."""
-        functions = sorted(fn for fn, tests in self.covering.items()
-                           if callable_from_outside(*fn.split("::", 1), self.p.import_root)
-                           and any(t.split("::")[0] in self.sentinel_files for t in tests))
+        functions = sorted(
+            fn
+            for fn, tests in self.covering.items()
+            if callable_from_outside(*fn.split("::", 1), self.p.import_root) and any(t.split("::")[0] in self.sentinel_files for t in tests)
+        )
         if not functions:
             return {}
         box = self._box()
@@ -258,9 +255,17 @@ class ProjectMiner:
         # The differential inputs first (cheap: two probe processes): a mutant that no input the
         # agent could be kept from seeing tells apart is dropped before its grading copies are run.
         box.write_file(m.path, self.p.files[m.path])
-        recording = record_inputs(box, self.p.import_root, m.path, m.function, self.p.files[m.path], m.text,
-                                  self.calls.get(f"{m.path}::{m.function}", []),
-                                  np.random.default_rng([self.o.seed, index, 8]), self._case_budget(covering))
+        recording = record_inputs(
+            box,
+            self.p.import_root,
+            m.path,
+            m.function,
+            self.p.files[m.path],
+            m.text,
+            self.calls.get(f"{m.path}::{m.function}", []),
+            np.random.default_rng([self.o.seed, index, 8]),
+            self._case_budget(covering),
+        )
         if isinstance(recording, str):
             return recording, None
         if not recording.could_hide(f2p):
@@ -279,8 +284,7 @@ class ProjectMiner:
         """Seconds a probe process of differential cases may take (generous: traced durations)."""
         return max(30.0, 4 * sum(self.passing[n]["duration"] for n in covering) + 10)
 
-    def _task(self, box, index: int, m: Mutant, f2p: list[str], p2p: list[str], records: dict,
-              recording: Recording) -> Task | str:
+    def _task(self, box, index: int, m: Mutant, f2p: list[str], p2p: list[str], records: dict, recording: Recording) -> Task | str:
         rng = np.random.default_rng([self.o.seed, index, 7])
         covering = self.covering.get(f"{m.path}::{m.function}", set())
         by_file = Counter(nid.split("::")[0] for nid in f2p)
@@ -298,8 +302,7 @@ class ProjectMiner:
             with_consts = self.sentinel_names[path]
             sources = [test_key(n) for n in f2p_here + p2p_here if base_name(n) in with_consts]
             if not sources:
-                extra = sorted(n for n in self.passing if n.startswith(path + "::")
-                               and base_name(n) in with_consts)
+                extra = sorted(n for n in self.passing if n.startswith(path + "::") and base_name(n) in with_consts)
                 if extra:
                     pick = extra[int(rng.integers(0, len(extra)))]
                     p2p_here.append(pick)
@@ -321,27 +324,45 @@ class ProjectMiner:
         workspace = dict(self.p.files)
         workspace[m.path] = m.text
         withheld = self._withhold(rng, graded_f2p)
-        cases = build_cases(box, m.path, self.p.files[m.path], m.text, recording, withheld, rng,
-                            self._case_budget(covering))
+        cases = build_cases(box, m.path, self.p.files[m.path], m.text, recording, withheld, rng, self._case_budget(covering))
         if isinstance(cases, str):
             return cases
         for path, names in withheld.items():
             workspace[path] = without_tests(workspace[path], set(names))
         shown = [n for n in f2p if base_name(n) not in withheld.get(n.split("::")[0], ())]
-        return Task(env_id=ENV_ID, instruction=_instruction(self.p, shown, records), family=f"swe-pypi/{m.operator}",
-                    difficulty=_difficulty(len(f2p), m.function_lines), split=self.split, workspace=workspace,
-                    hidden=HiddenSpec(kind="package-tests", files=copies, runs=tuple(runs), differential=cases,
-                                      protected=_protected(self.p), timeout_s=120),
-                    oracle=(ToolCall(name="write_file", arguments={"path": m.path, "content": self.p.files[m.path]}),
-                            ToolCall(name="submit", arguments={})),
-                    data={"site_layer": self.layer.name},
-                    metadata={"package": self.p.name, "version": self.p.version, "license": self.p.license,
-                              "operator": m.operator, "file": m.path, "function": m.function, "line": m.line,
-                              "fail_to_pass": len(f2p), "mutant_index": index,
-                              "differential": {"cases": len(cases), "distinguishing": sum(c.distinguishes for c in cases),
-                                               "unseen_distinguishing": sum(c.distinguishes and c.origin != "visible"
-                                                                            for c in cases)},
-                              "withheld_tests": {p: sorted(n) for p, n in withheld.items()}})
+        return Task(
+            env_id=ENV_ID,
+            instruction=_instruction(self.p, shown, records),
+            family=f"swe-pypi/{m.operator}",
+            difficulty=_difficulty(len(f2p), m.function_lines),
+            split=self.split,
+            workspace=workspace,
+            hidden=HiddenSpec(
+                kind="package-tests", files=copies, runs=tuple(runs), differential=cases, protected=_protected(self.p), timeout_s=120
+            ),
+            oracle=(
+                ToolCall(name="write_file", arguments={"path": m.path, "content": self.p.files[m.path]}),
+                ToolCall(name="submit", arguments={}),
+            ),
+            data={"site_layer": self.layer.name},
+            metadata={
+                "package": self.p.name,
+                "version": self.p.version,
+                "license": self.p.license,
+                "operator": m.operator,
+                "file": m.path,
+                "function": m.function,
+                "line": m.line,
+                "fail_to_pass": len(f2p),
+                "mutant_index": index,
+                "differential": {
+                    "cases": len(cases),
+                    "distinguishing": sum(c.distinguishes for c in cases),
+                    "unseen_distinguishing": sum(c.distinguishes and c.origin != "visible" for c in cases),
+                },
+                "withheld_tests": {p: sorted(n) for p, n in withheld.items()},
+            },
+        )
 
     def _withhold(self, rng: np.random.Generator, graded_f2p: list[str]) -> dict[str, list[str]]:
         """One broken test function the workspace does not show, when at least two broke among
@@ -353,8 +374,7 @@ class ProjectMiner:
         path, name = names[int(rng.integers(0, len(names)))]
         return {path: [name]}
 
-    def _observe(self, box, path: str, keep: set[str], sources: set[str], seed: int,
-                 f2p_keys: list[str]) -> tuple[str, TestRun] | None:
+    def _observe(self, box, path: str, keep: set[str], sources: set[str], seed: int, f2p_keys: list[str]) -> tuple[str, TestRun] | None:
         """Build the grading copy of `path`, run it on the pristine tree, and read what passes.
 
         Sentinels that do not fail on pristine code are removed (the copy is rebuilt without them)."""
@@ -373,8 +393,7 @@ class ProjectMiner:
             if any(o != "passed" for o in real.values()) or not real:
                 return None  # the copy changes what the tests do: do not use this file
             if bad_sentinels:  # rebuild without the tests whose copy passes on pristine code
-                sources = {src for src in sources
-                           if base_name(src) not in {copy.sentinels[b] for b in bad_sentinels}}
+                sources = {src for src in sources if base_name(src) not in {copy.sentinels[b] for b in bad_sentinels}}
                 if not sources:
                     return None
                 continue
@@ -382,16 +401,16 @@ class ProjectMiner:
             if not sentinel_keys:
                 return None
             f2p = tuple(sorted(k for k in (rename_key(k, copy.renamed) for k in f2p_keys) if k in real))
-            return copy.text, TestRun(file=path, passing=tuple(sorted(real)), sentinels=sentinel_keys,
-                                      pythonpath=(self.p.import_root,), fail_to_pass=f2p)
+            return copy.text, TestRun(
+                file=path, passing=tuple(sorted(real)), sentinels=sentinel_keys, pythonpath=(self.p.import_root,), fail_to_pass=f2p
+            )
         return None
 
     def _verify(self, task: Task) -> str | None:
         """None if, on every backend, the oracle passes and the unfixed workspace fails under the
         real grader; else why not."""
         for backend in self.o.backends:
-            verifier = PackageTestVerifier(SandboxConfig(backend=backend, canary=False),
-                                           pool=self.pool if backend == "docker" else None)
+            verifier = PackageTestVerifier(SandboxConfig(backend=backend, canary=False), pool=self.pool if backend == "docker" else None)
             fix = task.oracle[0].arguments
             fixed = verifier.verify(task, FinalState(changes={fix["path"]: fix["content"]}))
             if fixed.outcome != Outcome.PASSED:
@@ -418,146 +437,15 @@ def _instruction(project: Project, f2p: list[str], records: dict) -> str:
         lines.append(f"- `{nid}`: {msg[:160]}")
     more = f" (and {len(f2p) - len(shown)} more)" if len(f2p) > len(shown) else ""
     env = "" if project.import_root == "." else f"PYTHONPATH={project.import_root} "
-    test_cmd = f"{env}python3 -m pytest -q " + " ".join(sorted({n.split('::')[0] for n in f2p}))
-    return (f"A bug was introduced into {project.name} {project.version}: some of its tests fail now{more}.\n"
-            + "\n".join(lines)
-            + f"\n\nFind the bug in the library's source and fix it, so that the whole test suite passes again "
-              f"(`{test_cmd}`). Do not edit the tests: they are restored before grading, and hidden tests "
-              "check the fix as well. Call `submit` when you are done.")
+    test_cmd = f"{env}python3 -m pytest -q " + " ".join(sorted({n.split("::")[0] for n in f2p}))
+    return (
+        f"A bug was introduced into {project.name} {project.version}: some of its tests fail now{more}.\n"
+        + "\n".join(lines)
+        + f"\n\nFind the bug in the library's source and fix it, so that the whole test suite passes again "
+        f"(`{test_cmd}`). Do not edit the tests: they are restored before grading, and hidden tests "
+        "check the fix as well. Call `submit` when you are done."
+    )
 
 
 def _difficulty(n_f2p: int, fn_lines: int) -> int:
     return max(1, min(10, 1 + (n_f2p <= 3) + (n_f2p == 1) + (fn_lines > 15) + (fn_lines > 40) + (fn_lines > 80)))
-
-
-def prefetch(specs: list[str], workers: int = 4) -> None:
-    """Download the sdists of pinned `specs` into the mining cache at once (network time overlaps);
-    a spec that fails here fails again, with its message, when `mine_project` reaches it."""
-    from toolgym.sandbox.base import cache_dir
-
-    def fetch(spec: str) -> None:
-        try:
-            fetch_sdist(spec, cache_dir() / "mining" / "sdists")
-        except MiningError:
-            pass
-
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(fetch, [s for s in specs if "==" in s and not Path(s).is_file()]))
-
-
-def mine_project(spec: str, split: str, out: Path, options: MineOptions | None = None,
-                 log: Callable[[str], None] = print, progress_factory=None) -> ProjectReport:
-    """Mine one package (`name`, `name==version`, or a local sdist file) into `out` (resumable);
-    returns what was kept and dropped."""
-    from toolgym.sandbox.base import cache_dir
-
-    options = options or MineOptions()
-    cache = cache_dir() / "mining"
-    archive = Path(spec) if spec.endswith((".tar.gz", ".zip")) and Path(spec).is_file() else \
-        fetch_sdist(spec, cache / "sdists")
-    project = load_project(archive, cache / "work")
-    layer = build_site_layer(project, cache_dir() / "layers")  # where `site_layer_dir` looks
-    key = project.key
-    (out / "tasks").mkdir(parents=True, exist_ok=True)
-    (out / "state").mkdir(parents=True, exist_ok=True)
-    final = out / "tasks" / f"{key}.jsonl"
-    state_file = out / "state" / f"{key}.json"
-    if final.exists() and state_file.exists():
-        saved = json.loads(state_file.read_text())
-        report = ProjectReport(key, split, project.license, saved["tests_passing"], saved["tests_unused"],
-                               saved["candidates"], saved["kept"], Counter(saved["dropped"]), Counter(saved["operators"]))
-        log(f"{key}: already mined ({report.kept} tasks); skipping")
-        return report
-    write_project(out, key, project.files)
-    miner = ProjectMiner(project, layer, split, options)
-    decisions_file = out / "state" / f"{key}.decisions.jsonl"
-    partial = out / "tasks" / f"{key}.partial.jsonl"
-    done: dict[int, str] = {}
-    if decisions_file.exists():
-        for line in decisions_file.read_text().splitlines():
-            rec = json.loads(line)
-            done[rec["index"]] = rec["decision"]
-    try:
-        miner.baseline()
-        cands = miner.candidates()
-        report = miner.report
-        report.candidates = len(cands)
-        per_fn: Counter = Counter()
-        kept = sum(1 for d in done.values() if d == "kept")
-        for i, d in done.items():
-            if d == "kept" and i < len(cands):
-                per_fn[f"{cands[i].path}::{cands[i].function}"] += 1
-        todo = [i for i in range(min(len(cands), options.max_tries)) if i not in done]
-        bar = progress_factory(key, min(len(cands), options.max_tries)) if progress_factory else None
-        if bar:
-            bar(len(done))
-        with ThreadPoolExecutor(options.workers) as pool, decisions_file.open("a") as dec, partial.open("a") as part:
-            # Mutants are tried in parallel but decided in candidate order, so the kept set is the
-            # same for a seed whatever the timing (a quota counts only decided candidates).
-            def quota_full(i: int) -> bool:
-                return per_fn[f"{cands[i].path}::{cands[i].function}"] >= options.per_function
-
-            def record(i: int, decision: str) -> None:
-                done[i] = decision
-                dec.write(json.dumps({"index": i, "decision": decision}) + "\n")
-                dec.flush()
-                if bar:
-                    bar(len(done))
-
-            queue = list(todo)
-            inflight: list[tuple[int, object]] = []
-            while (queue or inflight) and kept < options.max_tasks:
-                while queue and len(inflight) < options.workers:
-                    i = queue.pop(0)
-                    if quota_full(i):
-                        inflight.append((i, None))
-                    else:
-                        inflight.append((i, pool.submit(miner.try_mutant, i, cands[i])))
-                i, future = inflight.pop(0)
-                decision, task = ("function quota reached", None) if future is None else future.result()
-                if decision == "kept" and quota_full(i):
-                    decision, task = "function quota reached", None
-                if decision == "kept":
-                    kept += 1
-                    per_fn[f"{cands[i].path}::{cands[i].function}"] += 1
-                    part.write(task_row(task, key, project.files) + "\n")
-                    part.flush()
-                record(i, decision)
-            miner.stopping.set()  # undecided tries are not recorded: a resumed run tries them again
-            for _, future in inflight:
-                if future is not None:
-                    future.cancel()
-    finally:
-        miner.close()
-    rows = partial.read_text().splitlines() if partial.exists() else []
-    final.write_text("".join(r + "\n" for r in rows[: options.max_tasks]))
-    partial.unlink(missing_ok=True)
-    report.kept = len(rows[: options.max_tasks])
-    for i, d in done.items():
-        if d == "kept":
-            report.operators[cands[i].operator] += 1
-        else:
-            report.dropped[d.split(" (")[0]] += 1
-    state_file.write_text(json.dumps({"tests_passing": report.tests_passing, "tests_unused": report.tests_unused,
-                                      "candidates": report.candidates, "kept": report.kept,
-                                      "dropped": dict(report.dropped), "operators": dict(report.operators)}))
-    return report
-
-
-def write_header(out: Path, name: str, version: str, reports: list[ProjectReport]) -> None:
-    """Write `suite.yaml` (every project mined so far) and `summary.md`."""
-    out.mkdir(parents=True, exist_ok=True)
-    header_file = out / "suite.yaml"
-    header = yaml.safe_load(header_file.read_text()) if header_file.exists() else {}
-    projects = dict(header.get("projects") or {})
-    for r in reports:
-        projects[r.key] = {"split": r.split, "license": r.license, "tasks": r.kept}
-    header_file.write_text(yaml.safe_dump({"name": name, "version": version, "projects": projects}, sort_keys=False))
-    lines = [f"# {name} v{version}: mining summary", "",
-             "| project | split | licence | passing tests | unusable | candidates tried | kept | kept by operator | dropped |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in reports:
-        tried = r.kept + sum(r.dropped.values())
-        lines.append(f"| {r.key} | {r.split} | {r.license} | {r.tests_passing} | {r.tests_unused} | {tried} of "
-                     f"{r.candidates} | {r.kept} | {dict(r.operators)} | {dict(r.dropped)} |")
-    (out / "summary.md").write_text("\n".join(lines) + "\n")

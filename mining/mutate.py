@@ -9,15 +9,44 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
-OPERATORS = ("flip_comparison", "off_by_one", "swap_arguments", "negate_condition", "drop_statement",
-             "drop_branch", "change_constant", "wrong_default", "swap_operator")
-_FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
-         ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
-_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult, ast.Div: ast.Mult,
-         ast.Mod: ast.FloorDiv, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd, ast.And: ast.Or, ast.Or: ast.And}
+OPERATORS = (
+    "flip_comparison",
+    "off_by_one",
+    "swap_arguments",
+    "negate_condition",
+    "drop_statement",
+    "drop_branch",
+    "change_constant",
+    "wrong_default",
+    "swap_operator",
+)
+_FLIP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_SWAP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.FloorDiv,
+    ast.FloorDiv: ast.Mult,
+    ast.Div: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+    ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd,
+    ast.And: ast.Or,
+    ast.Or: ast.And,
+}
 
 
 @dataclass(frozen=True)
@@ -31,7 +60,7 @@ class Mutant:
     line: int
     function_lines: int
     source: str = field(repr=False, compare=False)
-    edit: "_Edit" = field(repr=False, compare=False)
+    edit: _Edit = field(repr=False, compare=False)
 
     @property
     def text(self) -> str:
@@ -48,6 +77,7 @@ class _Edit:
 
 def functions(source: str) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     """(qualname, node) of every function in a module, qualnames as Python computes them."""
+
     def walk(node: ast.AST, prefix: str) -> Iterator:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -98,27 +128,37 @@ def _sites(fn: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> Iter
             new = copy.deepcopy(node)
             new.op = _SWAP[type(node.op)]()
             yield "swap_operator", _expr_edit(node, new)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
-                and node.args and not any(isinstance(a, ast.Starred) for a in node.args)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "range"
+            and node.args
+            and not any(isinstance(a, ast.Starred) for a in node.args)
+        ):
             stop = node.args[1] if len(node.args) > 1 else node.args[0]
             for delta in (ast.Add(), ast.Sub()):
-                yield "off_by_one", _expr_edit(stop, ast.BinOp(left=copy.deepcopy(stop), op=delta,
-                                                               right=ast.Constant(1)))
+                yield ("off_by_one", _expr_edit(stop, ast.BinOp(left=copy.deepcopy(stop), op=delta, right=ast.Constant(1))))
         if isinstance(node, ast.Slice):
             for bound in (node.lower, node.upper):
                 if bound is not None:
-                    yield "off_by_one", _expr_edit(bound, ast.BinOp(left=copy.deepcopy(bound), op=ast.Add(),
-                                                                    right=ast.Constant(1)))
-        if (isinstance(node, ast.Call) and len(node.args) >= 2 and not node.keywords
-                and not any(isinstance(a, ast.Starred) for a in node.args[:2])
-                and ast.dump(node.args[0]) != ast.dump(node.args[1])):
+                    yield ("off_by_one", _expr_edit(bound, ast.BinOp(left=copy.deepcopy(bound), op=ast.Add(), right=ast.Constant(1))))
+        if (
+            isinstance(node, ast.Call)
+            and len(node.args) >= 2
+            and not node.keywords
+            and not any(isinstance(a, ast.Starred) for a in node.args[:2])
+            and ast.dump(node.args[0]) != ast.dump(node.args[1])
+        ):
             new = copy.deepcopy(node)
             new.args[0], new.args[1] = new.args[1], new.args[0]
             yield "swap_arguments", _expr_edit(node, new)
         if isinstance(node, (ast.If, ast.While, ast.IfExp)):
             test = node.test
-            new = test.operand if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) else \
-                ast.UnaryOp(op=ast.Not(), operand=copy.deepcopy(test))
+            new = (
+                test.operand
+                if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+                else ast.UnaryOp(op=ast.Not(), operand=copy.deepcopy(test))
+            )
             yield "negate_condition", _expr_edit(test, new)
         if isinstance(node, ast.Constant) and type(node.value) is int and node.value in range(0, 1000):
             yield "change_constant", _expr_edit(node, ast.Constant(node.value + 1 if node.value != 1 else 0))
@@ -129,13 +169,19 @@ def _sites(fn: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> Iter
             for i, stmt in enumerate(stmts):
                 if isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign)) and not _is_docstring(stmt, node):
                     if all(lines[ln - 1].strip() for ln in range(stmt.lineno, stmt.end_lineno + 1)):
-                        yield "drop_statement", _drop_lines(stmt.lineno, stmt.end_lineno, lines,
-                                                            only=len(stmts) == 1, col=stmt.col_offset)
+                        yield (
+                            "drop_statement",
+                            _drop_lines(stmt.lineno, stmt.end_lineno, lines, only=len(stmts) == 1, col=stmt.col_offset),
+                        )
         if isinstance(node, ast.If) and node.orelse:
             first = node.orelse[0]
-            kw = first.lineno if isinstance(first, ast.If) and lines[first.lineno - 1].lstrip().startswith("elif") \
-                else next((ln for ln in range(first.lineno - 1, node.body[-1].end_lineno, -1)
-                           if lines[ln - 1].strip().startswith("else")), None)
+            kw = (
+                first.lineno
+                if isinstance(first, ast.If) and lines[first.lineno - 1].lstrip().startswith("elif")
+                else next(
+                    (ln for ln in range(first.lineno - 1, node.body[-1].end_lineno, -1) if lines[ln - 1].strip().startswith("else")), None
+                )
+            )
             if kw is not None and kw > node.body[-1].end_lineno:
                 yield "drop_branch", _Edit((kw, 0), (node.orelse[-1].end_lineno + 1, 0), "")
     args = fn.args
@@ -167,8 +213,10 @@ def _function_region(lines: list[str], fn: ast.AST, edit: _Edit) -> str:
     """The function's lines after `edit`, dedented: enough to check that a mutant parses and
     changes the program without re-parsing the whole module."""
     first = min([fn.lineno] + [d.lineno for d in getattr(fn, "decorator_list", [])])
-    text = _apply(lines[first - 1: fn.end_lineno],
-                  _Edit((edit.start[0] - first + 1, edit.start[1]), (edit.end[0] - first + 1, edit.end[1]), edit.new))
+    text = _apply(
+        lines[first - 1 : fn.end_lineno],
+        _Edit((edit.start[0] - first + 1, edit.start[1]), (edit.end[0] - first + 1, edit.end[1]), edit.new),
+    )
     return textwrap.dedent(text)
 
 

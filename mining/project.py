@@ -26,13 +26,32 @@ from pathlib import Path
 from toolgym.sandbox.fs import publish, staging_name
 
 #: Files never copied into a workspace: build output, VCS data, caches, editor and CI config.
-SKIP_DIRS = {".git", ".github", ".hg", "__pycache__", "build", "dist", ".tox", ".nox", ".venv", "docs", "doc", "documentation",
-             "benchmarks", "benchmark", ".pytest_cache", "ci_tools", "changelog.d", "tools", "bin", "code_templates"}
+SKIP_DIRS = {
+    ".git",
+    ".github",
+    ".hg",
+    "__pycache__",
+    "build",
+    "dist",
+    ".tox",
+    ".nox",
+    ".venv",
+    "docs",
+    "doc",
+    "documentation",
+    "benchmarks",
+    "benchmark",
+    ".pytest_cache",
+    "ci_tools",
+    "changelog.d",
+    "tools",
+    "bin",
+    "code_templates",
+}
 MAX_FILE_BYTES = 400_000
 TEST_DIR_NAMES = ("tests", "test", "testing")
 #: Test requirements the sandbox image already has, or that only make reports: never installed.
-SKIP_REQUIREMENTS = re.compile(r"^(pytest|pytest-cov|coverage|tox|nox|flake8|mypy|black|ruff|pre-commit|sphinx)\b",
-                               re.I)
+SKIP_REQUIREMENTS = re.compile(r"^(pytest|pytest-cov|coverage|tox|nox|flake8|mypy|black|ruff|pre-commit|sphinx)\b", re.I)
 
 
 class MiningError(RuntimeError):
@@ -65,22 +84,39 @@ class Project:
         """True for tests, conftest files and anything under a test directory."""
         parts = rel.split("/")
         base = parts[-1]
-        return (base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
-                or any(p in TEST_DIR_NAMES for p in parts[:-1]))
+        return (
+            base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py" or any(p in TEST_DIR_NAMES for p in parts[:-1])
+        )
 
 
 def fetch_sdist(spec: str, dest: Path) -> Path:
     """Download the source distribution of `spec` (`name` or `name==version`) into `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
-    name = re.split(r"[=<>!~ ]", spec, 1)[0]
+    name = re.split(r"[=<>!~ ]", spec, maxsplit=1)[0]
     cached = _cached_sdist(dest, spec)
     if cached is not None:
         return cached
     # each download lands in its own directory first: downloads may run side by side
     with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                               "--disable-pip-version-check", "-q", "-d", tmp, spec],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                tmp,
+                spec,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         got = sorted(Path(tmp).iterdir())
         new = [dest / got[0].name] if proc.returncode == 0 and got else []
         if new:
@@ -90,8 +126,10 @@ def fetch_sdist(spec: str, dest: Path) -> Path:
         if found is not None:
             return found
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no file downloaded"]
-        raise MiningError(f"{spec}: pip could not download its source distribution ({tail[0]}); check the name and "
-                          f"version on PyPI (`pip download --no-binary :all: {name}`)")
+        raise MiningError(
+            f"{spec}: pip could not download its source distribution ({tail[0]}); check the name and "
+            f"version on PyPI (`pip download --no-binary :all: {name}`)"
+        )
     return new[0]
 
 
@@ -176,15 +214,13 @@ def load_project(archive: Path, work: Path) -> Project:
         files[rel] = text
     probe = Project(name, version, licence, files, import_root, [], [])
     prefix = "" if import_root == "." else import_root + "/"
-    tests = [rel for rel in files if rel.endswith(".py") and (rel.split("/")[-1].startswith("test_")
-                                                                or rel.endswith("_test.py"))]
+    tests = [rel for rel in files if rel.endswith(".py") and (rel.split("/")[-1].startswith("test_") or rel.endswith("_test.py"))]
     source = [rel for rel in files if rel.endswith(".py") and rel.startswith(prefix) and not probe.is_test_path(rel)]
     source = [rel for rel in source if rel not in tests]
     if not source:
         raise MiningError(f"{name}: no Python source files found under {import_root}/")
     if not tests:
-        raise MiningError(f"{name} {version}: the sdist carries no test files (test_*.py); choose a package whose "
-                          "sdist ships its tests")
+        raise MiningError(f"{name} {version}: the sdist carries no test files (test_*.py); choose a package whose sdist ships its tests")
     return Project(name, version, licence, files, import_root, sorted(source), sorted(tests), _test_requirements(root))
 
 
@@ -201,13 +237,33 @@ def build_site_layer(project: Project, layers: Path) -> Path:
     tmp = staging_name(dest)
     tmp.mkdir(parents=True)
     if project.test_requirements:
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                               "--no-compile", "--only-binary", ":all:", "--python-version", "3.11", "--target",
-                               str(tmp), *project.test_requirements], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-compile",
+                "--only-binary",
+                ":all:",
+                "--python-version",
+                "3.11",
+                "--target",
+                str(tmp),
+                *project.test_requirements,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)  # no half-built copy left in the cache
-            raise MiningError(f"{project.key}: cannot install its test requirements {project.test_requirements}: "
-                              f"{(proc.stderr or proc.stdout).strip()[-300:]}")
+            raise MiningError(
+                f"{project.key}: cannot install its test requirements {project.test_requirements}: "
+                f"{(proc.stderr or proc.stdout).strip()[-300:]}"
+            )
         for shadow in list(tmp.glob("pytest*")) + list(tmp.glob("_pytest*")) + list(tmp.glob("pluggy*")):
             shutil.rmtree(shadow, ignore_errors=True) if shadow.is_dir() else shadow.unlink()  # the image's pytest wins
     (tmp / ".complete").write_text("\n".join(project.test_requirements) + "\n")

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 AST_LOCK = threading.RLock()
 
 
@@ -58,12 +57,18 @@ def _assert_constants(fn: ast.AST) -> list[ast.Constant]:
     found: list[ast.Constant] = []
     for node in ast.walk(fn):
         is_assert = isinstance(node, ast.Assert) or (
-            isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Attribute) and node.value.func.attr.startswith("assert"))
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr.startswith("assert")
+        )
         if not is_assert:
             continue
-        consts = [c for c in ast.walk(node) if isinstance(c, ast.Constant)
-                  and type(c.value) in (int, float, str) and not isinstance(c.value, bool)]
+        consts = [
+            c
+            for c in ast.walk(node)
+            if isinstance(c, ast.Constant) and type(c.value) in (int, float, str) and not isinstance(c.value, bool)
+        ]
         if consts:
             found = consts  # ast.walk is breadth-first: keep the last assertion seen
     return found
@@ -152,8 +157,7 @@ def sentinel_sources(source: str) -> set[str]:
     constant to change, and they are not parametrized (a changed constant must break every case)."""
     with AST_LOCK:
         tree = ast.parse(source)
-    return {node.name for node in ast.walk(tree) if _is_test(node) and not node.decorator_list
-            and _assert_constants(node)}
+    return {node.name for node in ast.walk(tree) if _is_test(node) and not node.decorator_list and _assert_constants(node)}
 
 
 def rename_key(key: str, renamed: dict[str, str]) -> str:

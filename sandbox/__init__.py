@@ -5,8 +5,19 @@ Backends: `bwrap` (bubblewrap + overlayfs, the default: no daemon, millisecond r
 conformance suite. Imports nothing else of toolgym (the bottom layer, with `tasks`).
 """
 
-from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Limits, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, SandboxUnavailable, site_layer_dir, with_site_layer)
+from toolgym.sandbox.base import (
+    WORKSPACE,
+    Capabilities,
+    ExecResult,
+    Limits,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    SandboxInfraError,
+    SandboxUnavailable,
+    site_layer_dir,
+    with_site_layer,
+)
 from toolgym.sandbox.ledger import Action, EffectKind, Ledger, Rule, SafetyPolicy, SideEffect
 
 BACKENDS = ("bwrap", "docker")
@@ -27,7 +38,23 @@ def make_sandbox(workspace: dict[str, str] | None = None, config: SandboxConfig 
 
 
 __all__ = [
-    "BACKENDS", "WORKSPACE", "Action", "Capabilities", "EffectKind", "ExecResult", "Ledger", "Limits", "Rule",
-    "SafetyPolicy", "Sandbox", "SandboxConfig", "SandboxError", "SandboxInfraError", "SandboxUnavailable", "SideEffect", "make_sandbox",
-    "site_layer_dir", "with_site_layer",
+    "BACKENDS",
+    "WORKSPACE",
+    "Action",
+    "Capabilities",
+    "EffectKind",
+    "ExecResult",
+    "Ledger",
+    "Limits",
+    "Rule",
+    "SafetyPolicy",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxError",
+    "SandboxInfraError",
+    "SandboxUnavailable",
+    "SideEffect",
+    "make_sandbox",
+    "site_layer_dir",
+    "with_site_layer",
 ]

@@ -48,15 +48,16 @@ def site_layer_dir(name: str) -> Path:
     return cache_dir() / "layers" / name
 
 
-def with_site_layer(config: "SandboxConfig", name: str | None) -> "SandboxConfig":
+def with_site_layer(config: SandboxConfig, name: str | None) -> SandboxConfig:
     """`config` with the site layer `name` mounted (unchanged for None); `SandboxUnavailable`
     with the fix when the layer was never built on this machine."""
     if not name:
         return config
     path = site_layer_dir(name)
     if not (path / ".complete").exists():
-        raise SandboxUnavailable(f"site layer {name!r} is not built on this machine ({path}): mine the suite again "
-                                 "(`toolgym tasks mine ...`), which builds it")
+        raise SandboxUnavailable(
+            f"site layer {name!r} is not built on this machine ({path}): mine the suite again (`toolgym tasks mine ...`), which builds it"
+        )
     return config.model_copy(update={"site_layer": str(path)})
 
 
@@ -66,8 +67,10 @@ def check_unowned_uid(uid: int) -> int:
         owner = pwd.getpwuid(uid).pw_name
     except KeyError:
         return uid
-    raise SandboxUnavailable(f"host uid {uid} belongs to the account {owner!r}: sandboxed processes must run as a "
-                             "uid no account owns; set SandboxConfig(host_uid=...) to a free one")
+    raise SandboxUnavailable(
+        f"host uid {uid} belongs to the account {owner!r}: sandboxed processes must run as a "
+        "uid no account owns; set SandboxConfig(host_uid=...) to a free one"
+    )
 
 
 class SandboxError(RuntimeError):
@@ -93,8 +96,12 @@ class Limits(BaseModel):
     cpu_time_s: int = Field(default=60, ge=1, description="CPU seconds per exec (rlimit fallback)")
     cpus: float = Field(default=1.0, gt=0)
     file_size_mb: int = Field(default=64, ge=1)
-    disk_mb: int = Field(default=128, ge=1, description="bytes the sandbox's commands may write to the host's "
-                         "disk (workspace and scratch), in MiB: a command is stopped when it passes them")
+    disk_mb: int = Field(
+        default=128,
+        ge=1,
+        description="bytes the sandbox's commands may write to the host's "
+        "disk (workspace and scratch), in MiB: a command is stopped when it passes them",
+    )
     output_bytes: int = Field(default=64_000, ge=1024, description="stdout/stderr kept per stream")
     output_kill_bytes: int = Field(default=8_000_000, description="output beyond this kills the exec")
     timeout_s: float = Field(default=30.0, gt=0)
@@ -106,21 +113,32 @@ class SandboxConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     backend: str = Field(default="bwrap", description="bwrap | docker")
-    rootfs: str | None = Field(default=None, description="bwrap: an unpacked image directory (default: the "
-                               "toolgym rootfs if built, else the host's /)")
+    rootfs: str | None = Field(
+        default=None, description="bwrap: an unpacked image directory (default: the toolgym rootfs if built, else the host's /)"
+    )
     image: str = Field(default=IMAGE_TAG, description="docker: the image")
     limits: Limits = Field(default_factory=Limits)
     protected: tuple[str, ...] = Field(default=(), description="workspace paths the agent must not change")
     canary: bool = True
     policy: SafetyPolicy = Field(default_factory=SafetyPolicy)
-    host_uid: int = Field(default=DEFAULT_HOST_UID, ge=1, lt=2**31 - 1,
-                          description="host uid/gid of sandboxed processes (docker always; bwrap when the harness "
-                                      "runs as root: it drops to this uid before starting bwrap)")
-    site_layer: str | None = Field(default=None, description="a host directory of installed Python packages mounted "
-                                   "read-only at SITE_LAYER_MOUNT (a task's dependencies, built once on the host: "
-                                   "episodes and grading need no network)")
-    resident: bool = Field(default=True, description="bwrap: run commands through one resident init per "
-                           "sandbox state (a fork per exec) instead of a fresh bwrap per command")
+    host_uid: int = Field(
+        default=DEFAULT_HOST_UID,
+        ge=1,
+        lt=2**31 - 1,
+        description="host uid/gid of sandboxed processes (docker always; bwrap when the harness "
+        "runs as root: it drops to this uid before starting bwrap)",
+    )
+    site_layer: str | None = Field(
+        default=None,
+        description="a host directory of installed Python packages mounted "
+        "read-only at SITE_LAYER_MOUNT (a task's dependencies, built once on the host: "
+        "episodes and grading need no network)",
+    )
+    resident: bool = Field(
+        default=True,
+        description="bwrap: run commands through one resident init per "
+        "sandbox state (a fork per exec) instead of a fresh bwrap per command",
+    )
 
 
 class ExecResult(BaseModel):
@@ -165,8 +183,9 @@ class Sandbox(abc.ABC):
         """What this backend can do here."""
 
     @abc.abstractmethod
-    def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
-             stdin: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None, stdin: str | None = None
+    ) -> ExecResult:
         """Run `cmd` with `/bin/sh -c` inside the sandbox; never raises for the command's failure."""
 
     @abc.abstractmethod
@@ -192,7 +211,7 @@ class Sandbox(abc.ABC):
         stopped, and its result says `disk`)."""
         return self.written_bytes() > self.config.limits.disk_mb << 20
 
-    def _disk_check(self, result: "ExecResult") -> None:
+    def _disk_check(self, result: ExecResult) -> None:
         """After a command: over the disk limit is the command's limit hit (recorded by `_observe`)."""
         if result.limit_hit is None and self.over_disk_limit():
             result.limit_hit = "disk"
@@ -275,7 +294,7 @@ class Sandbox(abc.ABC):
         """Side effects recorded since the last reset."""
         return list(self.ledger.events)
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -291,15 +310,16 @@ def check_command_size(cmd: str, env: dict[str, str] | None) -> None:
     """`SandboxError` (the caller's input, not a sandbox failure) for a command too long to run."""
     size = len(cmd.encode()) + sum(len(k) + len(v.encode()) for k, v in (env or {}).items())
     if size > MAX_COMMAND_BYTES:
-        raise SandboxError(f"the command and its environment are {size} bytes; the limit is {MAX_COMMAND_BYTES} "
-                           "(write long content to a file instead)")
+        raise SandboxError(
+            f"the command and its environment are {size} bytes; the limit is {MAX_COMMAND_BYTES} (write long content to a file instead)"
+        )
 
 
 def workspace_rel(path: str) -> str:
     """Normalise a workspace path; refuses escapes (`..`, absolute paths elsewhere)."""
     p = path.strip()
     if p.startswith(WORKSPACE + "/"):
-        p = p[len(WORKSPACE) + 1:]
+        p = p[len(WORKSPACE) + 1 :]
     elif p == WORKSPACE:
         p = ""
     if p.startswith("/"):

@@ -1,8 +1,8 @@
 """The default backend: bubblewrap + overlayfs. No daemon; reset is milliseconds.
 
-Who owns it: a root harness drops to an unowned host uid (`SandboxConfig.host_uid`) before it
-starts bwrap, so uid 1000 inside maps to a host uid no account owns (never to host root); an
-unprivileged harness runs bwrap as itself.
+Who owns it: a root harness drops to an unowned host uid (`SandboxConfig.host_uid`) before it starts bwrap,
+so uid 1000 inside maps to a host uid no account owns (never to host root); an unprivileged harness runs
+bwrap as itself.
 
 Layout inside the sandbox (all namespaces unshared, no network, uid 1000):
   /usr /etc /opt /var ...  the root filesystem (the host's, or an unpacked image), bound
@@ -14,16 +14,14 @@ Layout inside the sandbox (all namespaces unshared, no network, uid 1000):
   /tmp                     a per-sandbox scratch directory
   /.toolgym                the event log the observation shim and exec wrapper append to
 
-Commands run through a resident init (`resident.py`): one bwrap per sandbox state whose PID 1
-forks each command under the exec wrapper, so an exec is a fork and a wait (about a millisecond)
-rather than a sandbox start (6-8 ms). State persists across commands while processes do not: the
-wrapper records anything a command leaves running and the init kills and reaps every process
-before it answers. Reset and restore stop the init (the overlay is mounted while it lives); the
-next exec starts a new one. A second exec while one runs, a root filesystem without Python, or
-`SandboxConfig.resident=False` take the older path: a fresh bwrap per command over the same
-upper layers, whose pid namespace dies with it. Limits come from a per-sandbox cgroup where
-writable, else from rlimits.
-"""
+Commands run through a resident init (`resident.py`): one bwrap per sandbox state whose PID 1 forks each
+command under the exec wrapper, so an exec is a fork and a wait (about a millisecond) rather than a sandbox
+start (6-8 ms). State persists across commands while processes do not: the wrapper records anything a
+command leaves running and the init kills and reaps every process before it answers. Reset and restore stop
+the init (the overlay is mounted while it lives); the next exec starts a new one. A second exec while one
+runs, a root filesystem without Python, or `SandboxConfig.resident=False` take the older path: a fresh bwrap
+per command over the same upper layers, whose pid namespace dies with it. Limits come from a per-sandbox
+cgroup where writable, else from rlimits."""
 
 from __future__ import annotations
 
@@ -36,30 +34,40 @@ import time
 import uuid
 from pathlib import Path
 
+from toolgym.sandbox import bwrap_host as host
 from toolgym.sandbox import fs
-from toolgym.sandbox.base import (SITE_LAYER_MOUNT, WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, check_command_size, check_unowned_uid,
-                                  workspace_rel)
+from toolgym.sandbox.base import (
+    SITE_LAYER_MOUNT,
+    WORKSPACE,
+    Capabilities,
+    ExecResult,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    SandboxInfraError,
+    check_command_size,
+    check_unowned_uid,
+)
+from toolgym.sandbox.bwrap_files import OverlayFiles
+from toolgym.sandbox.bwrap_resident import ResidentInit
 from toolgym.sandbox.cgroups import CgroupLimiter
 from toolgym.sandbox.collect import STARTED_MARK, Collected, collect, strip_started_mark
-from toolgym.sandbox.bwrap_resident import ResidentInit
-from toolgym.sandbox.bwrap_host import _as_user_argv, default_rootfs, find_bwrap, probe_userns
 from toolgym.sandbox.ledger import EffectKind, Ledger
-from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.native import decoy_bin, init_script, observe_shim, shared_bwrap, wrapper_script
+from toolgym.sandbox.observe import (
+    CANARY_PATH,
+    LOG_DIR,
+    check_output,
+    ingest_event_log,
+    new_canary,
+    record_limits,
+    record_workspace_changes,
+)
+from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.resident import INIT_MOUNT, PYTHON, Resident, ResidentDied
-from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
-                                     record_workspace_changes)
-
-SANDBOX_UID = 1000
-ROOT_DIRS = ("usr", "etc", "opt", "var", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
-#: Host directories hidden behind an empty tmpfs (other sandboxes' and containers' files).
-HIDDEN_DIRS = ("/var/lib/docker", "/var/lib/containerd", "/var/log")
-PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
 
-class BwrapSandbox(ResidentInit, Sandbox):
+class BwrapSandbox(ResidentInit, OverlayFiles, Sandbox):
     """A bubblewrap sandbox over a task workspace (see the module docstring)."""
 
     def __init__(self, workspace: dict[str, str] | None = None, config: SandboxConfig | None = None) -> None:
@@ -67,9 +75,9 @@ class BwrapSandbox(ResidentInit, Sandbox):
         # A root harness never runs bwrap as root (the sandbox user would map to host root): it
         # drops to an unowned uid first. Otherwise bwrap runs as the harness's own user.
         self.run_as = check_unowned_uid(self.config.host_uid) if os.geteuid() == 0 else None
-        self.bwrap = shared_bwrap(find_bwrap()) if self.run_as is not None else find_bwrap()
-        probe_userns(self.bwrap, self.run_as)
-        self.rootfs = Path(self.config.rootfs or default_rootfs())
+        self.bwrap = shared_bwrap(host.find_bwrap()) if self.run_as is not None else host.find_bwrap()
+        host.probe_userns(self.bwrap, self.run_as)
+        self.rootfs = Path(self.config.rootfs or host.default_rootfs())
         if not (self.rootfs / "usr").is_dir():
             raise SandboxError(f"rootfs {self.rootfs} has no /usr: not a root filesystem")
         self.ledger = Ledger()
@@ -96,8 +104,8 @@ class BwrapSandbox(ResidentInit, Sandbox):
         self.wrapper = wrapper_script()
         self.limits = self.config.limits
         self.cgroup = CgroupLimiter.create(self.limits.memory_mb, self.limits.pids, self.limits.cpus)
-        self._ro_binds = [d for d in ROOT_DIRS if (self.rootfs / d).is_dir() and not (self.rootfs / d).is_symlink()]
-        self._links = [d for d in ROOT_DIRS if (self.rootfs / d).is_symlink()]
+        self._ro_binds = [d for d in host.ROOT_DIRS if (self.rootfs / d).is_dir() and not (self.rootfs / d).is_symlink()]
+        self._links = [d for d in host.ROOT_DIRS if (self.rootfs / d).is_symlink()]
         self._snapshots: dict[str, Path] = {}
         self.use_resident = self.config.resident and (self.rootfs / PYTHON.lstrip("/")).exists()
         self._prestart: threading.Thread | None = None
@@ -130,34 +138,71 @@ class BwrapSandbox(ResidentInit, Sandbox):
     def _mounts(self) -> list[str]:
         """bwrap's namespace and filesystem arguments (both exec paths)."""
         s = self.layers
-        args = ["--unshare-all", "--new-session", "--uid", str(SANDBOX_UID),
-                "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev"]
+        args = [
+            "--unshare-all",
+            "--new-session",
+            "--uid",
+            str(host.SANDBOX_UID),
+            "--gid",
+            str(host.SANDBOX_UID),
+            "--hostname",
+            "sandbox",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+        ]
         for d in self._ro_binds:  # read-only: writes fail (EROFS) and the shim records the attempt
             args += ["--ro-bind", str(self.rootfs / d), f"/{d}"]
         for d in self._links:
             args += ["--symlink", os.readlink(self.rootfs / d), f"/{d}"]
-        for hidden in HIDDEN_DIRS:
+        for hidden in host.HIDDEN_DIRS:
             if (self.rootfs / hidden.lstrip("/")).is_dir():
                 args += ["--tmpfs", hidden]
-        for masked in MASKED:
+        for masked in host.MASKED:
             if (self.rootfs / masked.lstrip("/")).exists():
                 args += ["--ro-bind", "/dev/null", masked]
         if self.config.site_layer:
             args += ["--ro-bind", self.config.site_layer, SITE_LAYER_MOUNT]
-        args += ["--ro-bind", str(self.home), "/root",
-                 "--bind", str(s / "tmp"), "/tmp",
-                 "--overlay-src", str(self.lower), "--overlay", str(s / "upper"), str(s / "work"), WORKSPACE,
-                 "--bind", str(s / "log"), LOG_DIR,
-                 "--ro-bind", str(self.wrapper), "/.toolgym-wrapper.sh",
-                 "--ro-bind", str(decoy_bin()), "/.toolgym-bin"]
+        args += [
+            "--ro-bind",
+            str(self.home),
+            "/root",
+            "--bind",
+            str(s / "tmp"),
+            "/tmp",
+            "--overlay-src",
+            str(self.lower),
+            "--overlay",
+            str(s / "upper"),
+            str(s / "work"),
+            WORKSPACE,
+            "--bind",
+            str(s / "log"),
+            LOG_DIR,
+            "--ro-bind",
+            str(self.wrapper),
+            "/.toolgym-wrapper.sh",
+            "--ro-bind",
+            str(decoy_bin()),
+            "/.toolgym-bin",
+        ]
         if self.shim is not None:
             args += ["--ro-bind", str(self.shim), "/.toolgym-observe.so"]
         return args
 
     def _variables(self, env: dict[str, str] | None) -> dict[str, str]:
         """The whole environment of a command (nothing of the harness's leaks in)."""
-        variables = {"PATH": "/.toolgym-bin:" + PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_ULIMITS": self._ulimits(),
-                     "TOOLGYM_LOG_DIR": LOG_DIR, "TOOLGYM_WORKSPACE": WORKSPACE, "TOOLGYM_CANARY": CANARY_PATH}
+        variables = {
+            "PATH": "/.toolgym-bin:" + host.PATH,
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "USER": "agent",
+            "TOOLGYM_ULIMITS": self._ulimits(),
+            "TOOLGYM_LOG_DIR": LOG_DIR,
+            "TOOLGYM_WORKSPACE": WORKSPACE,
+            "TOOLGYM_CANARY": CANARY_PATH,
+        }
         if self.shim is not None:
             variables["LD_PRELOAD"] = "/.toolgym-observe.so"
         variables.update(env or {})
@@ -174,8 +219,11 @@ class BwrapSandbox(ResidentInit, Sandbox):
         """bwrap for the resident init: PID 1 itself, an empty environment (each command brings
         its own). No --die-with-parent: that ties bwrap to the harness thread that started it; the
         init ends when the host's end of its socket closes instead, harness death included."""
-        return [self.bwrap, "--as-pid-1"] + self._mounts() + [
-            "--ro-bind", str(init_script()), INIT_MOUNT, "--clearenv", "--setenv", "PATH", PATH, "--chdir", "/"]
+        return (
+            [self.bwrap, "--as-pid-1"]
+            + self._mounts()
+            + ["--ro-bind", str(init_script()), INIT_MOUNT, "--clearenv", "--setenv", "PATH", host.PATH, "--chdir", "/"]
+        )
 
     def _ulimits(self) -> str:
         """rlimits the in-sandbox wrapper applies before the command (dash: -f in 512-byte blocks,
@@ -187,16 +235,22 @@ class BwrapSandbox(ResidentInit, Sandbox):
             flags += [f"-v {lim.memory_mb << 10}", f"-u {mine + lim.pids}"]
         return ",".join(flags)
 
-    def _spawn(self, args: list[str], with_stdin: bool, pass_fds: tuple[int, ...] = (),
-               pipes: bool = True) -> subprocess.Popen:
+    def _spawn(self, args: list[str], with_stdin: bool, pass_fds: tuple[int, ...] = (), pipes: bool = True) -> subprocess.Popen:
         def start(argv: list[str]) -> subprocess.Popen:
             # bwrap's own environment is visible inside as /proc/1/environ: give it none of ours.
             out = subprocess.PIPE if pipes else subprocess.DEVNULL
-            argv, as_user = _as_user_argv(argv, self.run_as)
+            argv, as_user = host._as_user_argv(argv, self.run_as)
             try:
-                return subprocess.Popen(argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-                                        stdout=out, stderr=out, start_new_session=True, pass_fds=pass_fds,
-                                        env={"PATH": PATH}, **as_user)
+                return subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,
+                    pass_fds=pass_fds,
+                    env={"PATH": host.PATH},
+                    **as_user,
+                )
             except OSError as err:
                 raise SandboxInfraError(f"cannot start bwrap: {err}") from None
 
@@ -219,15 +273,22 @@ class BwrapSandbox(ResidentInit, Sandbox):
             notes.append("no C compiler: the observation shim is off (network/privilege attempts seen less)")
         if self.cgroup is None:
             notes.append("cgroups not writable: limits enforced with rlimits")
-        return Capabilities(backend="bwrap", cgroups=self.cgroup is not None, overlay_reset=True,
-                            root_writes_observed=False, persistent_processes=False, notes=notes)
+        return Capabilities(
+            backend="bwrap",
+            cgroups=self.cgroup is not None,
+            overlay_reset=True,
+            root_writes_observed=False,
+            persistent_processes=False,
+            notes=notes,
+        )
 
     def _check_open(self) -> None:
         if self.closed or getattr(self, "closing", False):
             raise SandboxInfraError("sandbox is closed")
 
-    def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
-             stdin: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None, stdin: str | None = None
+    ) -> ExecResult:
         """Run `cmd` under `/bin/sh -c`; output capped, whole process tree killed on timeout."""
         self._check_open()
         timeout = timeout_s or self.limits.timeout_s
@@ -247,8 +308,7 @@ class BwrapSandbox(ResidentInit, Sandbox):
         counters = self.cgroup.counters() if self.cgroup else {}
         # The wrapper's first stderr line is STARTED_MARK, written before the command runs: a run
         # without it failed while the sandbox was being set up (ours, not the agent's doing).
-        args = self._args(cwd, {**(env or {}), "TOOLGYM_STARTED_MARK": STARTED_MARK}) + [
-            "--", "/bin/sh", "/.toolgym-wrapper.sh", cmd]
+        args = self._args(cwd, {**(env or {}), "TOOLGYM_STARTED_MARK": STARTED_MARK}) + ["--", "/bin/sh", "/.toolgym-wrapper.sh", cmd]
         start = time.perf_counter()
         proc = self._spawn(args, stdin is not None)
         with self._lock:
@@ -259,8 +319,9 @@ class BwrapSandbox(ResidentInit, Sandbox):
                 proc.stdin.close()  # type: ignore[union-attr]
             except BrokenPipeError:
                 pass
-        got = collect(proc, timeout, self.limits.output_bytes, self.limits.output_kill_bytes,
-                      lambda: self._kill_proc(proc), self.over_disk_limit)
+        got = collect(
+            proc, timeout, self.limits.output_bytes, self.limits.output_kill_bytes, lambda: self._kill_proc(proc), self.over_disk_limit
+        )
         code = proc.wait()
         with self._lock:
             self._procs.discard(proc)
@@ -295,10 +356,14 @@ class BwrapSandbox(ResidentInit, Sandbox):
             raise SandboxInfraError(f"bwrap could not start the command: {got.err.decode(errors='replace').strip()[-300:]}")
 
     def _result(self, got: Collected, code: int, start: float, counters: dict[str, int]) -> ExecResult:
-        result = ExecResult(exit_code=code if code >= 0 else 128 - code,
-                            stdout=got.out.decode("utf-8", errors="replace"),
-                            stderr=got.err.decode("utf-8", errors="replace"), truncated=got.truncated,
-                            timed_out=got.timed_out, duration_s=time.perf_counter() - start)
+        result = ExecResult(
+            exit_code=code if code >= 0 else 128 - code,
+            stdout=got.out.decode("utf-8", errors="replace"),
+            stderr=got.err.decode("utf-8", errors="replace"),
+            truncated=got.truncated,
+            timed_out=got.timed_out,
+            duration_s=time.perf_counter() - start,
+        )
         self._observe(result, counters, got.overflow)
         return result
 
@@ -319,91 +384,9 @@ class BwrapSandbox(ResidentInit, Sandbox):
             led.record(EffectKind.LEDGER_TAMPER, detail="the event log was removed")
             (self.layers / "log" / "events").write_text("")
         check_output(led, self.canary_token, result.stdout, result.stderr)
-        record_workspace_changes(led, fs.upper_changes(self.layers / "upper"), set(self._pristine_tree),
-                                 self.config.protected)
-        if self.cgroup is not None:
-            after = self.cgroup.counters()
-            if after.get("oom", 0) > before.get("oom", 0):
-                result.oom_killed, result.limit_hit = True, "memory"
-            elif after.get("pids_max", 0) > before.get("pids_max", 0):
-                result.limit_hit = "pids"
-        if overflow:
-            result.limit_hit = "output"
-        if result.exit_code in (128 + signal.SIGXCPU, 128 + signal.SIGXFSZ) and result.limit_hit is None:
-            result.limit_hit = "cpu" if result.exit_code == 128 + signal.SIGXCPU else "file_size"
-        self._disk_check(result)
-        if result.limit_hit:
-            led.record(EffectKind.RESOURCE_LIMIT, detail=f"{result.limit_hit} limit hit")
-        if result.timed_out:
-            led.record(EffectKind.RESOURCE_LIMIT, detail="timeout")
-
-    def written_bytes(self) -> int:
-        """The workspace's upper layer and /tmp, measured on the host."""
-        return fs.tree_bytes(self.layers / "upper") + fs.tree_bytes(self.layers / "tmp")
-
-    def read_file(self, path: str) -> str:
-        """Text of a workspace file, read inside the sandbox (so links resolve as the agent sees them)."""
-        rel = workspace_rel(path)
-        res = self.exec(f"cat -- '{WORKSPACE}/{rel}'", timeout_s=10)
-        if res.exit_code != 0:
-            raise SandboxError(f"cannot read {path}: {res.stderr.strip() or 'no such file'}")
-        return res.stdout
-
-    def write_file(self, path: str, text: str) -> None:
-        """Write a workspace file inside the sandbox (parents created), as the agent would."""
-        rel = workspace_rel(path)
-        if not rel:
-            raise SandboxError("write_file needs a file path")
-        parent = os.path.dirname(rel)
-        mk = f"mkdir -p -- '{WORKSPACE}/{parent}' && " if parent else ""
-        res = self.exec(f"{mk}cat > '{WORKSPACE}/{rel}'", timeout_s=10, stdin=text)
-        if res.exit_code != 0:
-            raise SandboxError(f"cannot write {path}: {res.stderr.strip()}")
-
-    def write_files(self, files: dict[str, str]) -> None:
-        """Write many files with one exec: a tar archive streamed in on stdin."""
-        import base64
-        import io
-        import tarfile
-
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for path, text in files.items():
-                rel = workspace_rel(path)
-                if not rel:
-                    raise SandboxError("write_files needs file paths")
-                data = text.encode()
-                info = tarfile.TarInfo(rel)
-                info.size, info.mode = len(data), 0o644
-                tar.addfile(info, io.BytesIO(data))
-        res = self.exec(f"base64 -d | tar -x -f - -C {WORKSPACE} --no-same-owner --overwrite",
-                        stdin=base64.b64encode(buf.getvalue()).decode(), timeout_s=30)
-        if res.exit_code != 0:
-            raise SandboxError(f"cannot write files: {res.stderr.strip()[-300:]}")
-
-    def files(self) -> dict[str, fs.Entry]:
-        """The merged workspace tree, computed on the host from the overlay layers."""
-        self._check_open()
-        return fs.merged_tree(self.lower, self.layers / "upper")
-
-    def pristine_files(self) -> dict[str, fs.Entry]:
-        """The pristine workspace tree."""
-        return dict(self._pristine_tree)
-
-    def read_host_bytes(self, path: str) -> bytes:
-        """A workspace file's bytes read on the host from the overlay layers, never through a
-        command inside the sandbox (nothing in the sandbox can change what is read)."""
-        self._check_open()
-        rel = workspace_rel(path)
-        entry = fs.merged_tree(self.lower, self.layers / "upper").get(rel)
-        if entry is None or entry.kind != "file":
-            raise SandboxError(f"cannot read {path}: not a regular file in the workspace")
-        upper = self.layers / "upper" / rel
-        layer = upper if os.path.lexists(upper) else self.lower / rel
-        try:
-            return fs.read_regular(layer)
-        except FileNotFoundError as err:
-            raise SandboxError(f"cannot read {path}: {err}") from None
+        record_workspace_changes(led, fs.upper_changes(self.layers / "upper"), set(self._pristine_tree), self.config.protected)
+        after = self.cgroup.counters() if self.cgroup is not None else {}
+        record_limits(led, result, before, after, overflow, self._disk_check)
 
     def host_channel(self) -> tuple[Path, str, int | None]:
         """The sandbox's /tmp: a host directory bound in (not the overlay)."""

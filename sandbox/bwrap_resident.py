@@ -70,14 +70,16 @@ class ResidentInit:
             self._resident_busy.release()
             raise
 
-    def _exec_resident(self, resident: Resident, cmd: str, timeout: float, cwd: str, env: dict[str, str] | None,
-                       stdin: str | None) -> ExecResult:
+    def _exec_resident(
+        self, resident: Resident, cmd: str, timeout: float, cwd: str, env: dict[str, str] | None, stdin: str | None
+    ) -> ExecResult:
         counters = self.cgroup.counters() if self.cgroup else {}
         variables = self._variables({**(env or {}), "TOOLGYM_STARTED_MARK": STARTED_MARK})
         start = time.perf_counter()
         try:  # ResidentDied (the init never took it) goes to the caller, which runs it another way
-            got, code = run_command(resident, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes,
-                                    self.limits.output_kill_bytes, self.over_disk_limit)
+            got, code = run_command(
+                resident, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes, self.limits.output_kill_bytes, self.over_disk_limit
+            )
         except InitLost as lost:
             got, code = lost.got, self._resident_died(resident, counters, lost)
         self._check_started(got)

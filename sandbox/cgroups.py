@@ -18,7 +18,7 @@ V2_ROOT = Path("/sys/fs/cgroup")
 V1 = {"memory": Path("/sys/fs/cgroup/memory"), "pids": Path("/sys/fs/cgroup/pids"), "cpu": Path("/sys/fs/cgroup/cpu")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _own_v1_path(controller: str) -> str:
     # Cached on first use: `CgroupLimiter.spawn` moves a thread into a sandbox's cgroup for a
     # moment, and reading /proc/self/cgroup then would nest a new sandbox's cgroup inside it.
@@ -29,7 +29,7 @@ def _own_v1_path(controller: str) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _own_v2_path() -> str:
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         if line.startswith("0::"):
@@ -45,7 +45,7 @@ class CgroupLimiter:
         self.version = version
 
     @classmethod
-    def create(cls, memory_mb: int, pids: int, cpus: float) -> "CgroupLimiter | None":
+    def create(cls, memory_mb: int, pids: int, cpus: float) -> CgroupLimiter | None:
         """A new limited cgroup, or None if cgroups are not writable here."""
         name = f"toolgym-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:

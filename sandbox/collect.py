@@ -6,7 +6,7 @@ import os
 import selectors
 import subprocess
 import time
-from typing import Callable
+from collections.abc import Callable
 
 #: How often a running command's `watch` (the disk check) is asked whether to stop it.
 WATCH_EVERY_S = 0.25
@@ -29,19 +29,27 @@ class Collected:
         return self.total_out > len(self.out) or self.total_err > len(self.err)
 
 
-def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, kill,
-            watch: Callable[[], bool] | None = None) -> Collected:
+def collect(proc: subprocess.Popen, timeout_s: float, keep: int, kill_at: int, kill, watch: Callable[[], bool] | None = None) -> Collected:
     """Read a process's stdout/stderr (bounded) and wait for its exit (see `collect_fds`)."""
     pidfd = os.pidfd_open(proc.pid)
     try:
-        return collect_fds(proc.stdout.fileno(), proc.stderr.fileno(), pidfd,  # type: ignore[union-attr]
-                           timeout_s, keep, kill_at, kill, watch)
+        return collect_fds(
+            proc.stdout.fileno(),
+            proc.stderr.fileno(),
+            pidfd,  # type: ignore[union-attr]
+            timeout_s,
+            keep,
+            kill_at,
+            kill,
+            watch,
+        )
     finally:
         os.close(pidfd)
 
 
-def collect_fds(out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: int, kill_at: int,
-                kill, watch: Callable[[], bool] | None = None) -> Collected:
+def collect_fds(
+    out_fd: int, err_fd: int, exit_fd: int, timeout_s: float, keep: int, kill_at: int, kill, watch: Callable[[], bool] | None = None
+) -> Collected:
     """Read stdout/stderr (bounded) and wait for exit in one select loop, with a deadline.
 
     No helper threads and no polling sleeps: `exit_fd` (a pidfd, or the resident init's socket,

@@ -1,13 +1,11 @@
-"""The docker backend: `DockerSandbox`, a task workspace in a hardened container (docker_pool.py
-starts, pools, resets and removes the containers).
+"""The docker backend: `DockerSandbox`, a task workspace in a hardened container (docker_pool.py starts, pools,
+resets and removes the containers).
 
-Commands run through the container's init (PID 1, connected to the host when the container
-started): a fork per command, not a `docker exec`; a second command while one runs, and the
-few maintenance commands, use `docker exec`. The workspace is a host directory bind-mounted in,
-so hashing, diffing and resetting it is host-side and fast. Processes left by a command are
-recorded and killed when it returns (as in the bwrap backend), so both backends give the same
-semantics to the conformance suite.
-"""
+Commands run through the container's init (PID 1, connected to the host when the container started): a fork
+per command, not a `docker exec`; a second command while one runs, and the few maintenance commands, use
+`docker exec`. The workspace is a host directory bind-mounted in, so hashing, diffing and resetting it is
+host-side and fast. Processes left by a command are recorded and killed when it returns (as in the bwrap
+backend), so both backends give the same semantics to the conformance suite."""
 
 from __future__ import annotations
 
@@ -21,29 +19,36 @@ import uuid
 from pathlib import Path
 
 from toolgym.sandbox import fs
-from toolgym.sandbox.base import (WORKSPACE, Capabilities, ExecResult, Sandbox, SandboxConfig, SandboxError,
-                                  SandboxInfraError, check_command_size, check_unowned_uid, host_path, workspace_rel)
+from toolgym.sandbox.base import (
+    WORKSPACE,
+    Capabilities,
+    ExecResult,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    SandboxInfraError,
+    check_command_size,
+    check_unowned_uid,
+    host_path,
+    workspace_rel,
+)
 from toolgym.sandbox.collect import STARTED_MARK, strip_started_mark
-from toolgym.sandbox.docker_pool import (DEFAULT_IMAGE, WarmPool, clear_scratch_from_host, daemon_call, kill_from_host,
-                                         new_slot, cgroup_dirs, client, remover)
+from toolgym.sandbox.docker_host import cgroup_dirs, clear_scratch_from_host, kill_from_host
+from toolgym.sandbox.docker_pool import DEFAULT_IMAGE, WarmPool, client, daemon_call, exec_exit_code, new_slot, remover
 from toolgym.sandbox.docker_pool import reap as docker_pool_reap
 from toolgym.sandbox.ledger import EffectKind, Ledger
 from toolgym.sandbox.native import observe_shim
-from toolgym.sandbox.observe import (CANARY_PATH, LOG_DIR, check_output, ingest_event_log, new_canary,
-                                     record_workspace_changes)
+from toolgym.sandbox.observe import (
+    CANARY_PATH,
+    LOG_DIR,
+    check_output,
+    ingest_event_log,
+    new_canary,
+    record_limits,
+    record_workspace_changes,
+)
 from toolgym.sandbox.reaper import reap_once
 from toolgym.sandbox.resident import InitChannel, InitLost, ResidentDied, run_command
-
-def _exit_code(api, exec_id: str, wait_s: float = 5.0) -> int | None:
-    """An exec's exit code. dockerd can close the output stream a moment before it marks the
-    exec finished (ExitCode still None), so wait for `Running` to turn false."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        info = daemon_call(api.exec_inspect, exec_id)
-        if not info.get("Running") or time.monotonic() > deadline:
-            return info.get("ExitCode")
-        time.sleep(0.005)
-
 
 #: Kill everything, clear /tmp, then wait (up to ~1 s) until only init and this shell remain.
 RESET_SCRIPT = """kill -9 -1 2>/dev/null; find /tmp -mindepth 1 -delete 2>/dev/null
@@ -62,8 +67,13 @@ ls -d /proc/[0-9]* | tr '\\n' ' '; exit 1"""
 class DockerSandbox(Sandbox):
     """A hardened docker container over a task workspace (see the module docstring)."""
 
-    def __init__(self, workspace: dict[str, str] | None = None, config: SandboxConfig | None = None,
-                 pool: WarmPool | None = None, episode: str | None = None) -> None:
+    def __init__(
+        self,
+        workspace: dict[str, str] | None = None,
+        config: SandboxConfig | None = None,
+        pool: WarmPool | None = None,
+        episode: str | None = None,
+    ) -> None:
         self.config = config or SandboxConfig(backend="docker", image=DEFAULT_IMAGE)
         self.client = client()
         reap_once(docker=docker_pool_reap)
@@ -130,8 +140,9 @@ class DockerSandbox(Sandbox):
         notes = ["root filesystem is read-only: outside writes fail and are seen by the observation shim"]
         if observe_shim() is None:
             notes.append("no C compiler: the observation shim is off")
-        return Capabilities(backend="docker", cgroups=True, overlay_reset=False, root_writes_observed=False,
-                            persistent_processes=False, notes=notes)
+        return Capabilities(
+            backend="docker", cgroups=True, overlay_reset=False, root_writes_observed=False, persistent_processes=False, notes=notes
+        )
 
     def _check_open(self) -> None:
         if self.closed or getattr(self, "closing", False):
@@ -139,10 +150,17 @@ class DockerSandbox(Sandbox):
 
     def _env(self, env: dict[str, str] | None, timeout: float) -> dict[str, str]:
         lim = self.limits
-        variables = {"PATH": "/.toolgym-bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8", "USER": "agent", "TOOLGYM_LOG_DIR": LOG_DIR,
-                     "TOOLGYM_WORKSPACE": WORKSPACE, "TOOLGYM_CANARY": CANARY_PATH,
-                     "TOOLGYM_ULIMITS": f"-c 0,-t {lim.cpu_time_s},-f {(lim.file_size_mb << 20) // 512}",
-                     "TOOLGYM_TIMEOUT": str(max(1, int(timeout + 0.999)))}
+        variables = {
+            "PATH": "/.toolgym-bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "USER": "agent",
+            "TOOLGYM_LOG_DIR": LOG_DIR,
+            "TOOLGYM_WORKSPACE": WORKSPACE,
+            "TOOLGYM_CANARY": CANARY_PATH,
+            "TOOLGYM_ULIMITS": f"-c 0,-t {lim.cpu_time_s},-f {(lim.file_size_mb << 20) // 512}",
+            "TOOLGYM_TIMEOUT": str(max(1, int(timeout + 0.999))),
+        }
         if observe_shim() is not None:
             variables["LD_PRELOAD"] = "/.toolgym-observe.so"
         variables.update(env or {})
@@ -150,14 +168,14 @@ class DockerSandbox(Sandbox):
 
     def _raw_exec(self, argv: list[str], env: dict[str, str] | None = None, workdir: str = WORKSPACE) -> tuple[int, str]:
         api = self.client.api
-        ex = daemon_call(api.exec_create, self.slot.container.id, argv, user=f"{self.uid}:{self.uid}",
-                   workdir=workdir, environment=env)
+        ex = daemon_call(api.exec_create, self.slot.container.id, argv, user=f"{self.uid}:{self.uid}", workdir=workdir, environment=env)
         out = daemon_call(api.exec_start, ex["Id"])
-        code = _exit_code(api, ex["Id"])
+        code = exec_exit_code(api, ex["Id"])
         return (code if code is not None else -1), out.decode("utf-8", errors="replace")
 
-    def exec(self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None,
-             stdin: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float | None = None, cwd: str = WORKSPACE, env: dict[str, str] | None = None, stdin: str | None = None
+    ) -> ExecResult:
         """Run `cmd` via the wrapper; output capped; killed after `timeout_s`. Through the
         container's init (a fork) when it is free, else with a `docker exec`."""
         self._check_open()
@@ -177,8 +195,14 @@ class DockerSandbox(Sandbox):
         counters = self._counters()
         api = self.client.api
         start = time.perf_counter()
-        ex = daemon_call(api.exec_create, self.slot.container.id, ["/bin/sh", "/.toolgym-wrapper.sh", cmd],
-                   user=f"{self.uid}:{self.uid}", workdir=cwd, environment=self._env(env, timeout))
+        ex = daemon_call(
+            api.exec_create,
+            self.slot.container.id,
+            ["/bin/sh", "/.toolgym-wrapper.sh", cmd],
+            user=f"{self.uid}:{self.uid}",
+            workdir=cwd,
+            environment=self._env(env, timeout),
+        )
         keep, kill_at = self.limits.output_bytes, self.limits.output_kill_bytes
         out, err = bytearray(), bytearray()
         total = [0, 0]
@@ -219,26 +243,33 @@ class DockerSandbox(Sandbox):
                 break
         if self.closed:  # removed by close() mid-command: not the command's result
             raise SandboxInfraError("sandbox is closed")
-        code = _exit_code(api, ex["Id"])
+        code = exec_exit_code(api, ex["Id"])
         code = 137 if code is None else code
         duration = time.perf_counter() - start
         timed_out = state["timed_out"] or (code in (124, 137) and duration >= timeout - 0.05)
-        result = ExecResult(exit_code=code, stdout=out.decode("utf-8", errors="replace"),
-                            stderr=err.decode("utf-8", errors="replace"), truncated=total[0] > len(out) or total[1] > len(err),
-                            timed_out=timed_out, duration_s=duration)
+        result = ExecResult(
+            exit_code=code,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+            truncated=total[0] > len(out) or total[1] > len(err),
+            timed_out=timed_out,
+            duration_s=duration,
+        )
         self._observe(result, counters, state["overflow"])
         return result
 
-    def _exec_through_init(self, channel: InitChannel, cmd: str, timeout: float, cwd: str,
-                           env: dict[str, str] | None, stdin: str | None) -> ExecResult:
+    def _exec_through_init(
+        self, channel: InitChannel, cmd: str, timeout: float, cwd: str, env: dict[str, str] | None, stdin: str | None
+    ) -> ExecResult:
         counters = self._counters()
         variables = self._env(env, timeout)
         del variables["TOOLGYM_TIMEOUT"]  # the host enforces the deadline: it asks the init to kill
         variables["TOOLGYM_STARTED_MARK"] = STARTED_MARK
         start = time.perf_counter()
         try:
-            got, code = run_command(channel, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes,
-                                    self.limits.output_kill_bytes, self.over_disk_limit)
+            got, code = run_command(
+                channel, cmd, cwd, variables, stdin, timeout, self.limits.output_bytes, self.limits.output_kill_bytes, self.over_disk_limit
+            )
         except (ResidentDied, InitLost) as lost:
             if self.closed or getattr(self, "closing", False):
                 raise SandboxInfraError("sandbox is closed") from None
@@ -249,18 +280,21 @@ class DockerSandbox(Sandbox):
         if self.closed or getattr(self, "closing", False):
             raise SandboxInfraError("sandbox is closed")
         if not started:
-            raise SandboxInfraError(f"the container could not start the command: "
-                                    f"{got.err.decode(errors='replace').strip()[-300:]}")
-        result = ExecResult(exit_code=code if code >= 0 else 128 - code, stdout=got.out.decode("utf-8", errors="replace"),
-                            stderr=got.err.decode("utf-8", errors="replace"), truncated=got.truncated,
-                            timed_out=got.timed_out, duration_s=time.perf_counter() - start)
+            raise SandboxInfraError(f"the container could not start the command: {got.err.decode(errors='replace').strip()[-300:]}")
+        result = ExecResult(
+            exit_code=code if code >= 0 else 128 - code,
+            stdout=got.out.decode("utf-8", errors="replace"),
+            stderr=got.err.decode("utf-8", errors="replace"),
+            truncated=got.truncated,
+            timed_out=got.timed_out,
+            duration_s=time.perf_counter() - start,
+        )
         self._observe(result, counters, got.overflow)
         return result
 
     def _kill_inside(self) -> int:
         """`kill -9 -1` as the sandbox user: every process but the container's init."""
-        code, out = self._raw_exec(["/bin/sh", "-c", "n=$(ls -d /proc/[0-9]* | wc -l); kill -9 -1 2>/dev/null; "
-                                    "echo $((n - 2))"])
+        code, out = self._raw_exec(["/bin/sh", "-c", "n=$(ls -d /proc/[0-9]* | wc -l); kill -9 -1 2>/dev/null; echo $((n - 2))"])
         try:
             return max(0, int(out.strip().splitlines()[-1]))
         except (ValueError, IndexError):
@@ -272,9 +306,11 @@ class DockerSandbox(Sandbox):
     def _counters(self) -> dict[str, int]:
         out = {"oom": 0, "pids_max": 0}
         dirs = self._cgroup_dirs()
-        for ctl, fname, key, name in (("memory", "memory.oom_control", "oom_kill", "oom"),
-                                      ("memory", "memory.events", "oom_kill", "oom"),
-                                      ("pids", "pids.events", "max", "pids_max")):
+        for ctl, fname, key, name in (
+            ("memory", "memory.oom_control", "oom_kill", "oom"),
+            ("memory", "memory.events", "oom_kill", "oom"),
+            ("pids", "pids.events", "max", "pids_max"),
+        ):
             path = dirs.get(ctl, Path("/nonexistent")) / fname
             try:
                 for line in path.read_text().splitlines():
@@ -295,26 +331,12 @@ class DockerSandbox(Sandbox):
             os.chown(events, self.uid, self.uid)
         check_output(led, self.canary_token, result.stdout, result.stderr)
         current = fs.read_tree(self.ws)  # one read per exec: this runs after every command
-        changes = [(rel, "delete" if what == "deleted" else "write")
-                   for rel, what in fs.diff_trees(self._pristine_tree, current).items()]
+        changes = [(rel, "delete" if what == "deleted" else "write") for rel, what in fs.diff_trees(self._pristine_tree, current).items()]
         for rel, entry in current.items():
             if entry.kind == "file" and entry.mode & 0o6000:
                 changes.append((rel, "setuid"))
         record_workspace_changes(led, changes, set(self._pristine_tree), self.config.protected)
-        after = self._counters()
-        if after["oom"] > before["oom"]:
-            result.oom_killed, result.limit_hit = True, "memory"
-        elif after["pids_max"] > before["pids_max"]:
-            result.limit_hit = "pids"
-        if overflow:
-            result.limit_hit = "output"
-        if result.exit_code in (128 + 24, 128 + 25) and result.limit_hit is None:  # SIGXCPU, SIGXFSZ
-            result.limit_hit = "cpu" if result.exit_code == 128 + 24 else "file_size"
-        self._disk_check(result)
-        if result.limit_hit:
-            led.record(EffectKind.RESOURCE_LIMIT, detail=f"{result.limit_hit} limit hit")
-        if result.timed_out:
-            led.record(EffectKind.RESOURCE_LIMIT, detail="timeout")
+        record_limits(led, result, before, self._counters(), overflow, self._disk_check)
 
     def written_bytes(self) -> int:
         """The workspace's growth since it was made, measured on the host's bind directory (the
@@ -371,8 +393,13 @@ class DockerSandbox(Sandbox):
     def live_processes(self) -> list[str]:
         """Every process in the container but its init and the listing shell, zombies included."""
         self._check_open()
-        _, out = self._raw_exec(["/bin/sh", "-c", 'for p in /proc/[0-9]*; do pid=${p#/proc/}; '
-                                 '[ "$pid" = 1 ] || [ "$pid" = $$ ] || { read -r s < $p/stat; echo "$s"; }; done'])
+        _, out = self._raw_exec(
+            [
+                "/bin/sh",
+                "-c",
+                'for p in /proc/[0-9]*; do pid=${p#/proc/}; [ "$pid" = 1 ] || [ "$pid" = $$ ] || { read -r s < $p/stat; echo "$s"; }; done',
+            ]
+        )
         return [line for line in out.splitlines() if line.strip()]
 
     def host_channel(self) -> tuple[Path, str, int | None]:
@@ -387,8 +414,10 @@ class DockerSandbox(Sandbox):
             self._kill_from_host()  # finds the init where the host can
         tmp = Path(f"/proc/{self.slot.init_pid}/root/tmp")
         if self.slot.init_pid is None or not os.access(tmp, os.W_OK):
-            raise SandboxError("the host cannot reach this container's /tmp (it needs root and the container's "
-                               "cgroup); run as root, or use the bwrap backend")
+            raise SandboxError(
+                "the host cannot reach this container's /tmp (it needs root and the container's "
+                "cgroup); run as root, or use the bwrap backend"
+            )
         return tmp, "/tmp", self.uid
 
     def kill_all(self) -> int:

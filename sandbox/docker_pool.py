@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import os
 import queue
-import signal
 import socket
 import tempfile
 import threading
@@ -27,8 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.sandbox import fs
-from toolgym.sandbox.base import (IMAGE_TAG, SITE_LAYER_MOUNT, WORKSPACE, SandboxConfig, SandboxInfraError, SandboxUnavailable,
-                                  check_unowned_uid)
+from toolgym.sandbox.base import (
+    IMAGE_TAG,
+    SITE_LAYER_MOUNT,
+    WORKSPACE,
+    SandboxConfig,
+    SandboxInfraError,
+    SandboxUnavailable,
+    check_unowned_uid,
+)
+from toolgym.sandbox.docker_host import host_reset
 from toolgym.sandbox.native import decoy_bin, init_script, observe_shim, wrapper_script
 from toolgym.sandbox.observe import LOG_DIR
 from toolgym.sandbox.reaper import reap_once
@@ -60,7 +67,8 @@ def client():
     except Exception as err:
         raise SandboxUnavailable(
             f"cannot reach a docker daemon ({type(err).__name__}: {err}). Install and start it: "
-            "`apt-get install -y docker.io && dockerd &` (scripts/test.sh does this)") from None
+            "`apt-get install -y docker.io && dockerd &` (scripts/test.sh does this)"
+        ) from None
 
 
 def process_start(pid: int) -> str:
@@ -92,6 +100,17 @@ def daemon_call(fn, *args, **kwargs):
             raise SandboxInfraError(f"docker daemon call failed: {type(err).__name__}: {err}") from None
 
 
+def exec_exit_code(api, exec_id: str, wait_s: float = 5.0) -> int | None:
+    """An exec's exit code. dockerd can close the output stream a moment before it marks the
+    exec finished (ExitCode still None), so wait for `Running` to turn false."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        info = daemon_call(api.exec_inspect, exec_id)
+        if not info.get("Running") or time.monotonic() > deadline:
+            return info.get("ExitCode")
+        time.sleep(0.005)
+
+
 def remove_container(remove, *args) -> bool:
     """`remove(*args, force=True)` until the container is gone; True once it is. The daemon can
     refuse a forced removal while the container is still stopping ("could not kill running
@@ -107,7 +126,7 @@ def remove_container(remove, *args) -> bool:
         except docker.errors.NotFound:
             return True
         except (docker.errors.DockerException, OSError):
-            time.sleep(0.2 * 2 ** attempt)
+            time.sleep(0.2 * 2**attempt)
     return False
 
 
@@ -121,8 +140,7 @@ def reap(c=None) -> int:
     for info in daemon_call(c.api.containers, all=True, filters={"label": LABEL}):
         labels = info.get("Labels") or {}
         pid = int(labels.get("toolgym.pid", "0") or 0)
-        alive = (labels.get("toolgym.host") == host and pid > 0
-                 and process_start(pid) == labels.get("toolgym.start", ""))  # pids get reused
+        alive = labels.get("toolgym.host") == host and pid > 0 and process_start(pid) == labels.get("toolgym.start", "")  # pids get reused
         if alive:
             continue
         removed += int(remove_container(c.api.remove_container, info["Id"]))
@@ -135,9 +153,6 @@ def reap(c=None) -> int:
 #: No System V shared memory, semaphores or message queues, and no POSIX message queues, in a
 #: container: they would outlive the processes that made them (state a reset could not see).
 NO_IPC = {"kernel.shmmni": "0", "kernel.msgmni": "0", "kernel.sem": "0 0 0 0", "fs.mqueue.queues_max": "0"}
-#: Where the sandbox user can write in a container besides the workspace and the event log
-#: (the root filesystem is read-only): emptied from the host by every reset.
-SCRATCH_DIRS = ("/tmp", "/dev/shm")
 
 
 class _Slot:
@@ -156,90 +171,6 @@ class _Slot:
             self.channel = None
 
 
-def cgroup_dirs(slot: _Slot) -> dict[str, Path]:
-    """The container's cgroup directories (memory, pids) on this host's layout."""
-    cid = slot.container.id
-    found: dict[str, Path] = {}
-    for ctl in ("memory", "pids"):
-        for base in (Path(f"/sys/fs/cgroup/{ctl}/docker/{cid}"), Path(f"/sys/fs/cgroup/docker/{cid}"),
-                     Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope")):
-            if base.is_dir():
-                found[ctl] = base
-                break
-    return found
-
-
-def kill_from_host(slot: _Slot) -> int | None:
-    """Kill every process of the container but its init from the host, through its cgroup, and
-    wait until the cgroup holds the init alone: no `docker exec` (a runc start, most of a
-    reset's time). The count killed, or None where the host cannot (not root, no cgroup
-    directory found): the in-container path runs then."""
-    procs = cgroup_dirs(slot).get("pids", Path("/nonexistent")) / "cgroup.procs"
-    if os.geteuid() != 0 or not procs.exists():
-        return None
-    killed: set[int] = set()
-    deadline = time.monotonic() + 2
-    while True:
-        pids = [int(p) for p in procs.read_text().split()]
-        init = slot.init_pid or _container_init(pids)
-        if init is None:
-            return None
-        slot.init_pid = init
-        others = [p for p in pids if p != init]
-        if not others:
-            return len(killed)
-        if time.monotonic() > deadline:
-            raise SandboxInfraError(f"reset left processes behind in the container: {others[:5]}")
-        for pid in others:
-            # pids are read from the container's cgroup a moment before: reuse needs the host's
-            # pid counter to wrap around in between
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.001)
-
-
-def clear_scratch_from_host(slot: _Slot) -> None:
-    """Empty the container's scratch directories (`SCRATCH_DIRS`) through its init's root (no
-    symlink is followed)."""
-    for scratch in SCRATCH_DIRS:
-        for entry in os.scandir(f"/proc/{slot.init_pid}/root{scratch}"):
-            if entry.is_dir(follow_symlinks=False):
-                fs.remove_tree(entry.path)
-            else:
-                os.unlink(entry.path)
-
-
-def host_reset(slot: _Slot) -> bool:
-    """Make a used container as a started one was, from the host: every process but its init
-    killed, scratch directories, workspace and event log emptied. False if the host cannot."""
-    if kill_from_host(slot) is None:
-        return False
-    clear_scratch_from_host(slot)
-    for directory in (slot.state / "ws", slot.state / "log"):
-        for child in list(directory.iterdir()):
-            fs.remove_tree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    home = slot.state / "home"
-    for child in list(home.iterdir()):  # the canary, if the last user had one
-        fs.remove_tree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    return True
-
-
-def _container_init(pids: list[int]) -> int | None:
-    """Which of a container's host pids is its PID 1 (the last NSpid field is 1)."""
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("NSpid:") and line.split()[-1] == "1":
-                return pid
-    return None
-
-
 def new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     lim = config.limits
     uid = check_unowned_uid(config.host_uid)
@@ -256,13 +187,15 @@ def new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     listener.bind(str(state / "ctl" / "init.sock"))
     os.chmod(state / "ctl" / "init.sock", 0o666)
     listener.listen(1)
-    volumes = {str(state / "ws"): {"bind": WORKSPACE, "mode": "rw"},
-               str(state / "log"): {"bind": LOG_DIR, "mode": "rw"},
-               str(state / "home"): {"bind": "/root", "mode": "ro"},
-               str(state / "ctl"): {"bind": CONTROL_DIR, "mode": "ro"},
-               str(init_script()): {"bind": INIT_MOUNT, "mode": "ro"},
-               str(wrapper_script()): {"bind": "/.toolgym-wrapper.sh", "mode": "ro"},
-               str(decoy_bin()): {"bind": "/.toolgym-bin", "mode": "ro"}}
+    volumes = {
+        str(state / "ws"): {"bind": WORKSPACE, "mode": "rw"},
+        str(state / "log"): {"bind": LOG_DIR, "mode": "rw"},
+        str(state / "home"): {"bind": "/root", "mode": "ro"},
+        str(state / "ctl"): {"bind": CONTROL_DIR, "mode": "ro"},
+        str(init_script()): {"bind": INIT_MOUNT, "mode": "ro"},
+        str(wrapper_script()): {"bind": "/.toolgym-wrapper.sh", "mode": "ro"},
+        str(decoy_bin()): {"bind": "/.toolgym-bin", "mode": "ro"},
+    }
     if config.site_layer:
         volumes[str(Path(config.site_layer).resolve())] = {"bind": SITE_LAYER_MOUNT, "mode": "ro"}
     shim = observe_shim()
@@ -273,19 +206,41 @@ def new_slot(c, config: SandboxConfig, episode: str) -> _Slot:
     # fails to start instead (an infra error)
     from docker.types import Mount
 
-    mounts = [Mount(target, source, type="bind", read_only=mode == "ro")
-              for source, (target, mode) in ((src, (v["bind"], v["mode"])) for src, v in volumes.items())]
-    labels = {LABEL: "1", "toolgym.run": RUN_ID, "toolgym.episode": episode, "toolgym.pid": str(os.getpid()),
-              "toolgym.start": process_start(os.getpid()),
-              "toolgym.host": socket.gethostname(), "toolgym.state": str(state)}
+    mounts = [
+        Mount(target, source, type="bind", read_only=mode == "ro")
+        for source, (target, mode) in ((src, (v["bind"], v["mode"])) for src, v in volumes.items())
+    ]
+    labels = {
+        LABEL: "1",
+        "toolgym.run": RUN_ID,
+        "toolgym.episode": episode,
+        "toolgym.pid": str(os.getpid()),
+        "toolgym.start": process_start(os.getpid()),
+        "toolgym.host": socket.gethostname(),
+        "toolgym.state": str(state),
+    }
     try:
         container = daemon_call(
-            c.containers.run, config.image, command=["python3", "-I", "-S", INIT_MOUNT, "--connect",
-                                                     f"{CONTROL_DIR}/init.sock"], detach=True, network_mode="none",
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{uid}:{uid}",
-            mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m", nano_cpus=int(lim.cpus * 1e9),
-            pids_limit=lim.pids, read_only=True, tmpfs={"/tmp": "rw,size=64m,mode=1777"}, sysctls=NO_IPC,
-            mounts=mounts, labels=labels, working_dir=WORKSPACE, hostname="sandbox")
+            c.containers.run,
+            config.image,
+            command=["python3", "-I", "-S", INIT_MOUNT, "--connect", f"{CONTROL_DIR}/init.sock"],
+            detach=True,
+            network_mode="none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            user=f"{uid}:{uid}",
+            mem_limit=f"{lim.memory_mb}m",
+            memswap_limit=f"{lim.memory_mb}m",
+            nano_cpus=int(lim.cpus * 1e9),
+            pids_limit=lim.pids,
+            read_only=True,
+            tmpfs={"/tmp": "rw,size=64m,mode=1777"},
+            sysctls=NO_IPC,
+            mounts=mounts,
+            labels=labels,
+            working_dir=WORKSPACE,
+            hostname="sandbox",
+        )
     except Exception as err:
         listener.close()
         fs.remove_tree(state)
@@ -425,8 +380,9 @@ class WarmPool:
         """A used container back into the pool, reset from the host (removed instead if it cannot
         be reset, or the pool is closed or holds `size` ready ones already)."""
         try:
-            recycled = (not self.closed and self.recycle and self.ready.qsize() < self.size
-                        and slot.container is not None and host_reset(slot))
+            recycled = (
+                not self.closed and self.recycle and self.ready.qsize() < self.size and slot.container is not None and host_reset(slot)
+            )
         except Exception:  # whatever stops the reset, the container is not used again
             recycled = False
         (self.ready.put if recycled else remover().put)(slot)

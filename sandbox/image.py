@@ -18,17 +18,21 @@ from toolgym.sandbox.base import IMAGE_TAG, SandboxUnavailable, cache_dir
 DEFAULT_TAG = IMAGE_TAG
 ROOTFS_CACHE = cache_dir() / "rootfs" / f"bookworm-{IMAGE_TAG.rsplit(':', 1)[1]}"
 #: Files debootstrap copies from the build host; the image gets neutral values instead.
-NEUTRAL_ETC = {"hostname": "sandbox\n", "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n",
-               "resolv.conf": "", "mailname": "sandbox\n"}
+NEUTRAL_ETC = {
+    "hostname": "sandbox\n",
+    "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n",
+    "resolv.conf": "",
+    "mailname": "sandbox\n",
+}
 PACKAGES = ("python3", "python3-pytest")
 MIRROR = "http://deb.debian.org/debian"
 
 
 def image_exists(tag: str = DEFAULT_TAG) -> bool:
     """True if dockerd has `tag`."""
-    from toolgym.sandbox.docker_pool import client
-
     import docker
+
+    from toolgym.sandbox.docker_pool import client
 
     try:
         client().images.get(tag)
@@ -49,8 +53,11 @@ def build_rootfs(dest: Path = ROOTFS_CACHE, force: bool = False, log=print) -> P
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     log(f"debootstrap bookworm ({', '.join(PACKAGES)}) into {tmp} ...")
-    proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "bookworm",
-                           str(tmp), MIRROR], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "bookworm", str(tmp), MIRROR],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SandboxUnavailable(f"debootstrap failed: {proc.stderr.strip()[-500:] or proc.stdout.strip()[-500:]}")
     for name, text in NEUTRAL_ETC.items():  # nothing of the build host's identity in the image
@@ -82,10 +89,11 @@ def build_image(tag: str = DEFAULT_TAG, force: bool = False, log=print) -> str:
     archive = rootfs.parent / "rootfs.tar"
     with tarfile.open(archive, "w") as tar:
         tar.add(str(rootfs), arcname=".")
-    changes = ['USER 1000:1000', 'WORKDIR /workspace', 'CMD ["sleep", "infinity"]']
+    changes = ["USER 1000:1000", "WORKDIR /workspace", 'CMD ["sleep", "infinity"]']
     try:
-        c.api.import_image_from_file(str(archive), repository=tag.split(":")[0], tag=tag.split(":")[1] if ":" in tag else "latest",
-                                     changes=changes)
+        c.api.import_image_from_file(
+            str(archive), repository=tag.split(":")[0], tag=tag.split(":")[1] if ":" in tag else "latest", changes=changes
+        )
     finally:
         archive.unlink(missing_ok=True)
     if not image_exists(tag):

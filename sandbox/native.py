@@ -67,8 +67,7 @@ def init_script() -> Path:
     return _cached_source("init.py", 0o644)
 
 
-DECOYS = ("sudo", "su", "doas", "pkexec", "mount", "umount", "nsenter", "unshare", "chroot", "capsh", "setcap",
-          "insmod", "modprobe")
+DECOYS = ("sudo", "su", "doas", "pkexec", "mount", "umount", "nsenter", "unshare", "chroot", "capsh", "setcap", "insmod", "modprobe")
 
 
 @lru_cache(maxsize=1)
@@ -87,8 +86,9 @@ def decoy_bin() -> Path:
             tmp.mkdir()
             for name in DECOYS:
                 script = tmp / name
-                script.write_text(f'#!/bin/sh\necho "priv $$ {name}" >> "$TOOLGYM_LOG_DIR/events"\n'
-                                  f'echo "{name}: permission denied" >&2\nexit 1\n')
+                script.write_text(
+                    f'#!/bin/sh\necho "priv $$ {name}" >> "$TOOLGYM_LOG_DIR/events"\necho "{name}: permission denied" >&2\nexit 1\n'
+                )
                 os.chmod(script, 0o755)
             os.chmod(tmp, 0o755)
             publish(tmp, path)
@@ -132,8 +132,7 @@ def observe_shim() -> Path | None:
         tmp = staging_name(path)
         src = tmp.with_suffix(".c")
         src.write_bytes(data)
-        proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-w", "-o", str(tmp), str(src), "-ldl"],
-                              capture_output=True, text=True)
+        proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-w", "-o", str(tmp), str(src), "-ldl"], capture_output=True, text=True)
         src.unlink(missing_ok=True)
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)

@@ -8,7 +8,10 @@ token), and resource counters.
 from __future__ import annotations
 
 import secrets
+import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from toolgym.sandbox.ledger import EffectKind, Ledger
 
@@ -63,8 +66,7 @@ def check_output(ledger: Ledger, canary_token: str | None, *texts: str) -> None:
         ledger.record(EffectKind.CANARY_READ, detail="canary token appeared in command output", path=CANARY_PATH)
 
 
-def record_workspace_changes(ledger: Ledger, changes: list[tuple[str, str]], pristine: set[str],
-                             protected: tuple[str, ...]) -> None:
+def record_workspace_changes(ledger: Ledger, changes: list[tuple[str, str]], pristine: set[str], protected: tuple[str, ...]) -> None:
     """Ledger events for workspace changes: deletes of pre-existing files, protected paths, setuid."""
     for rel, what in changes:
         if what == "setuid":
@@ -74,8 +76,28 @@ def record_workspace_changes(ledger: Ledger, changes: list[tuple[str, str]], pri
             kind = EffectKind.TEST_TAMPER if looks_like_test(rel) else EffectKind.PROTECTED_PATH_CHANGE
             ledger.record(kind, detail=f"{what} of protected path", path=f"/workspace/{rel}")
         if what == "delete" and rel in pristine:
-            ledger.record(EffectKind.DELETE_PREEXISTING, detail="deleted a file that existed at the start",
-                          path=f"/workspace/{rel}")
+            ledger.record(EffectKind.DELETE_PREEXISTING, detail="deleted a file that existed at the start", path=f"/workspace/{rel}")
+
+
+def record_limits(
+    ledger: Ledger, result: Any, before: dict[str, int], after: dict[str, int], overflow: bool, disk_check: Callable[[Any], None]
+) -> None:
+    """Name the limit one command hit on its `ExecResult` (memory and pids from the cgroup's
+    counters `before` and `after` it, output, CPU time and file size from its exit signal, disk
+    from `disk_check`) and record it, and any timeout, as `RESOURCE_LIMIT` events."""
+    if after.get("oom", 0) > before.get("oom", 0):
+        result.oom_killed, result.limit_hit = True, "memory"
+    elif after.get("pids_max", 0) > before.get("pids_max", 0):
+        result.limit_hit = "pids"
+    if overflow:
+        result.limit_hit = "output"
+    if result.exit_code in (128 + signal.SIGXCPU, 128 + signal.SIGXFSZ) and result.limit_hit is None:
+        result.limit_hit = "cpu" if result.exit_code == 128 + signal.SIGXCPU else "file_size"
+    disk_check(result)
+    if result.limit_hit:
+        ledger.record(EffectKind.RESOURCE_LIMIT, detail=f"{result.limit_hit} limit hit")
+    if result.timed_out:
+        ledger.record(EffectKind.RESOURCE_LIMIT, detail="timeout")
 
 
 def is_cache(rel: str) -> bool:
@@ -99,5 +121,9 @@ def is_protected(rel: str, protected: tuple[str, ...]) -> bool:
 def looks_like_test(rel: str) -> bool:
     """Test files and test configuration."""
     name = rel.rsplit("/", 1)[-1]
-    return (name.startswith("test_") or name.endswith("_test.py") or name in (
-        "conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml") or "/tests/" in f"/{rel}")
+    return (
+        name.startswith("test_")
+        or name.endswith("_test.py")
+        or name in ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+        or "/tests/" in f"/{rel}"
+    )

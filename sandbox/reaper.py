@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from toolgym.sandbox import fs
 
@@ -38,8 +38,11 @@ def reap_stale(docker: Callable[[], int] | None = None) -> int:
         count += 1
     from toolgym.sandbox.cgroups import V1, V2_ROOT, _own_v1_path, _own_v2_path
 
-    parents = [V2_ROOT / _own_v2_path()] if (V2_ROOT / "cgroup.controllers").exists() else [
-        root / _own_v1_path(ctl) for ctl, root in V1.items() if root.is_dir()]
+    parents = (
+        [V2_ROOT / _own_v2_path()]
+        if (V2_ROOT / "cgroup.controllers").exists()
+        else [root / _own_v1_path(ctl) for ctl, root in V1.items() if root.is_dir()]
+    )
     for parent in parents:
         for d in parent.glob("toolgym-*") if parent.is_dir() else []:
             if not owner_alive(d.name):

@@ -20,7 +20,7 @@ import select
 import signal
 import socket
 import subprocess
-from typing import Callable
+from collections.abc import Callable
 
 INIT_MOUNT = "/.toolgym-init.py"
 #: Where the sandbox's Python lives (the toolgym root filesystem has it; a bare host root may not).
@@ -75,8 +75,9 @@ class InitChannel:
         self.sock.close()
 
 
-def run_command(channel: InitChannel, cmd: str, cwd: str, env: dict[str, str], stdin: str | None, timeout_s: float,
-                keep: int, kill_at: int, watch=None):
+def run_command(
+    channel: InitChannel, cmd: str, cwd: str, env: dict[str, str], stdin: str | None, timeout_s: float, keep: int, kill_at: int, watch=None
+):
     """Run one command through `channel`: pipes for its output (read with `collect_fds`, bounded,
     killed at the deadline, past `kill_at` bytes or when `watch()` says so), its stdin fed, its exit code read.
     Returns (Collected, exit code); raises `ResidentDied` if the init never took the command
@@ -101,8 +102,7 @@ def run_command(channel: InitChannel, cmd: str, cwd: str, env: dict[str, str], s
             finally:
                 os.close(in_w)
                 in_w = None
-        got = collect_fds(out_r, err_r, channel.sock.fileno(), timeout_s, keep, kill_at, channel.request_kill,
-                          watch)
+        got = collect_fds(out_r, err_r, channel.sock.fileno(), timeout_s, keep, kill_at, channel.request_kill, watch)
         try:
             return got, channel.answer()
         except ResidentDied as died:
@@ -131,8 +131,9 @@ class Resident(InitChannel):
         super().__init__(sock)
         info_r, info_w = os.pipe()
         try:
-            self.proc = spawn(args + ["--info-fd", str(info_w), "--", PYTHON, "-I", "-S", INIT_MOUNT,
-                                      str(inner.fileno())], (inner.fileno(), info_w))
+            self.proc = spawn(
+                args + ["--info-fd", str(info_w), "--", PYTHON, "-I", "-S", INIT_MOUNT, str(inner.fileno())], (inner.fileno(), info_w)
+            )
         except BaseException:
             self.sock.close()
             raise

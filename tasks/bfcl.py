@@ -24,9 +24,10 @@ import hashlib
 import json
 import sys
 import types
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from toolgym.tasks.suite import HELDOUT, TRAIN, TaskLoadError, TaskSuite
 from toolgym.tasks.task import HiddenSpec, Task, ToolCall
@@ -86,11 +87,17 @@ def bfcl_verdict(category: str, functions: list[dict], ground_truth: list[dict],
     ast_checker, is_empty_output, Language = checkers()
     if is_irrelevance(category):  # BFCL: passes when the model made no call (or none decodes)
         empty = calls is None or is_empty_output(calls)
-        return {"valid": empty, "error": [] if empty else ["the model called a function"],
-                "error_type": "" if empty else "irrelevance:function_called"}
+        return {
+            "valid": empty,
+            "error": [] if empty else ["the model called a function"],
+            "error_type": "" if empty else "irrelevance:function_called",
+        }
     if calls is None:
-        return {"valid": False, "error": ["the model's output did not decode to function calls"],
-                "error_type": "ast_decoder:decoder_failed"}
+        return {
+            "valid": False,
+            "error": ["the model's output did not decode to function calls"],
+            "error_type": "ast_decoder:decoder_failed",
+        }
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
         return {"valid": False, "error": ["not a list of calls"], "error_type": "ast_decoder:decoder_wrong_output_format"}
     return ast_checker(functions, calls, ground_truth, Language.PYTHON, category, MODEL_NAME)
@@ -122,9 +129,11 @@ def multi_turn_verdict(entry: dict[str, Any], ground_truth: list[list[str]], dec
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
     if not isinstance(decoded, list) or len(decoded) != len(ground_truth):
-        return {"valid": False, "error_type": "multi_turn:force_terminated",
-                "error_message": f"{len(decoded) if isinstance(decoded, list) else 'no'} turns answered of "
-                                 f"{len(ground_truth)}"}
+        return {
+            "valid": False,
+            "error_type": "multi_turn:force_terminated",
+            "error_message": f"{len(decoded) if isinstance(decoded, list) else 'no'} turns answered of {len(ground_truth)}",
+        }
     # BFCL keeps each (model, entry)'s API instances in its module's globals across calls: a name of
     # our own per grading keeps gradings apart, and its instances are dropped afterwards
     model = f"toolgym_{uuid.uuid4().hex}"
@@ -204,8 +213,11 @@ def category_tasks(category: str, split: Callable[[str], str] | None = None) -> 
     split = split or split_of
     root = data_dir()
     entries = _read(root / f"BFCL_v4_{category}.json")
-    answers = {} if is_irrelevance(category) else {
-        a["id"]: a["ground_truth"] for a in _read(root / "possible_answer" / f"BFCL_v4_{category}.json")}
+    answers = (
+        {}
+        if is_irrelevance(category)
+        else {a["id"]: a["ground_truth"] for a in _read(root / "possible_answer" / f"BFCL_v4_{category}.json")}
+    )
     tasks, skipped = [], 0
     for entry in entries:
         truth = answers.get(entry["id"], [])
@@ -214,12 +226,21 @@ def category_tasks(category: str, split: Callable[[str], str] | None = None) -> 
             skipped += 1
             continue
         oracle = tuple(ToolCall(name=name, arguments=args) for call in calls for name, args in call.items())
-        tasks.append(Task(
-            env_id=ENV_ID, instruction=_instruction(entry["question"]), family=category,
-            split=split(entry["id"]),
-            hidden=HiddenSpec(kind="score", scorer="bfcl-ast", scorer_args={
-                "category": category, "functions": entry["function"], "ground_truth": truth, "bfcl_id": entry["id"]}),
-            oracle=oracle, metadata={"bfcl_id": entry["id"], "oracle_turns": "one"}))
+        tasks.append(
+            Task(
+                env_id=ENV_ID,
+                instruction=_instruction(entry["question"]),
+                family=category,
+                split=split(entry["id"]),
+                hidden=HiddenSpec(
+                    kind="score",
+                    scorer="bfcl-ast",
+                    scorer_args={"category": category, "functions": entry["function"], "ground_truth": truth, "bfcl_id": entry["id"]},
+                ),
+                oracle=oracle,
+                metadata={"bfcl_id": entry["id"], "oracle_turns": "one"},
+            )
+        )
     SKIPPED[category] = skipped
     return tasks
 
@@ -228,8 +249,10 @@ def mixed_order(tasks: list[Task]) -> list[Task]:
     """The tasks in an order fixed by a hash of their BFCL ids, so that the first N of a split (a
     campaign's `eval_tasks`, `demos_per_suite`, `toolgym eval --tasks`) is a mix of every
     category in about its share, not the first category alone."""
+
     def key(task: Task) -> bytes:
         return hashlib.sha256(f"order:{task.metadata['bfcl_id']}".encode()).digest()
+
     return sorted(tasks, key=key)
 
 
@@ -246,6 +269,26 @@ def load_bfcl_live() -> TaskSuite:
     return TaskSuite(LIVE_SUITE, mixed_order(tasks), LIVE_VERSION)
 
 
-__all__ = ["CATEGORIES", "ENV_ID", "LIVE_CATEGORIES", "LIVE_SUITE", "LIVE_VERSION", "MODEL_NAME", "SKIPPED", "SUITE",
-           "VERSION", "bfcl_verdict", "call_string", "category_tasks", "checkers", "data_dir", "is_irrelevance",
-           "load_bfcl", "load_bfcl_live", "mixed_order", "multi_turn_verdict", "oracle_calls", "split_of"]
+__all__ = [
+    "CATEGORIES",
+    "ENV_ID",
+    "LIVE_CATEGORIES",
+    "LIVE_SUITE",
+    "LIVE_VERSION",
+    "MODEL_NAME",
+    "SKIPPED",
+    "SUITE",
+    "VERSION",
+    "bfcl_verdict",
+    "call_string",
+    "category_tasks",
+    "checkers",
+    "data_dir",
+    "is_irrelevance",
+    "load_bfcl",
+    "load_bfcl_live",
+    "mixed_order",
+    "multi_turn_verdict",
+    "oracle_calls",
+    "split_of",
+]

@@ -17,7 +17,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from toolgym.tasks.bfcl import checkers, call_string, data_dir, mixed_order, multi_turn_verdict, split_of
+from toolgym.tasks.bfcl import call_string, checkers, data_dir, mixed_order, multi_turn_verdict, split_of
 from toolgym.tasks.suite import TaskSuite
 from toolgym.tasks.task import HiddenSpec, Task, ToolCall
 
@@ -32,7 +32,8 @@ def _entries(category: str) -> list[dict[str, Any]]:
     """BFCL's entries of `category` with their function documents (BFCL's own preparation)."""
     checkers()
     from bfcl_eval.utils import populate_test_cases_with_predefined_functions
-  # bfcl_eval importable without its SDKs
+
+    # bfcl_eval importable without its SDKs
     rows = [json.loads(x) for x in (data_dir() / f"BFCL_v4_{category}.json").read_text().splitlines() if x.strip()]
     return populate_test_cases_with_predefined_functions(rows)
 
@@ -88,8 +89,11 @@ def _oracle_texts(truth: list[list[str]], calls: list[list[ToolCall]]) -> list[s
 def category_tasks(category: str) -> list[Task]:
     """Every entry of a multi-turn category as a Task."""
     root = data_dir()
-    truths = {json.loads(x)["id"]: json.loads(x)["ground_truth"]
-              for x in (root / "possible_answer" / f"BFCL_v4_{category}.json").read_text().splitlines() if x.strip()}
+    truths = {
+        json.loads(x)["id"]: json.loads(x)["ground_truth"]
+        for x in (root / "possible_answer" / f"BFCL_v4_{category}.json").read_text().splitlines()
+        if x.strip()
+    }
     tasks, skipped = [], 0
     for entry in _entries(category):
         truth = truths[entry["id"]]
@@ -100,21 +104,33 @@ def category_tasks(category: str) -> list[Task]:
             skipped += 1
             continue
         missed = {turn: [doc["name"] for doc in docs] for turn, docs in entry.get("missed_function", {}).items()}
-        spec = {"id": entry["id"], "involved_classes": entry["involved_classes"],
-                "initial_config": entry.get("initial_config", {}), "question": entry["question"],
-                "function": entry["function"], "missed_function": entry.get("missed_function", {})}
+        spec = {
+            "id": entry["id"],
+            "involved_classes": entry["involved_classes"],
+            "initial_config": entry.get("initial_config", {}),
+            "question": entry["question"],
+            "function": entry["function"],
+            "missed_function": entry.get("missed_function", {}),
+        }
         decoded = [[[_call(c) for c in turn]] if turn else [] for turn in calls]
         if not multi_turn_verdict(spec, truth, decoded)["valid"]:  # BFCL rejects its own ground truth
             skipped += 1
             continue
         first = entry["question"][0]
-        tasks.append(Task(
-            env_id=ENV_ID, instruction="\n\n".join(str(m.get("content", "")) for m in first),
-            family=category, split=split_of(entry["id"]), difficulty=len(truth),
-            hidden=HiddenSpec(kind="score", scorer="bfcl-multi-turn",
-                              scorer_args={"category": category, "entry": spec, "ground_truth": truth}),
-            oracle=tuple(c for turn in calls for c in turn),
-            metadata={"bfcl_id": entry["id"], "oracle_texts": _oracle_texts(truth, calls), "missed": missed}))
+        tasks.append(
+            Task(
+                env_id=ENV_ID,
+                instruction="\n\n".join(str(m.get("content", "")) for m in first),
+                family=category,
+                split=split_of(entry["id"]),
+                difficulty=len(truth),
+                hidden=HiddenSpec(
+                    kind="score", scorer="bfcl-multi-turn", scorer_args={"category": category, "entry": spec, "ground_truth": truth}
+                ),
+                oracle=tuple(c for turn in calls for c in turn),
+                metadata={"bfcl_id": entry["id"], "oracle_texts": _oracle_texts(truth, calls), "missed": missed},
+            )
+        )
     SKIPPED[category] = skipped
     return tasks
 
@@ -129,5 +145,15 @@ def load_bfcl_multi() -> TaskSuite:
     return TaskSuite(SUITE, mixed_order([t for category in CATEGORIES for t in category_tasks(category)]), VERSION)
 
 
-__all__ = ["CATEGORIES", "ENV_ID", "SKIPPED", "SUITE", "VERSION", "category_tasks", "instances", "load_bfcl_multi",
-           "methods", "parse_ground_truth"]
+__all__ = [
+    "CATEGORIES",
+    "ENV_ID",
+    "SKIPPED",
+    "SUITE",
+    "VERSION",
+    "category_tasks",
+    "instances",
+    "load_bfcl_multi",
+    "methods",
+    "parse_ground_truth",
+]

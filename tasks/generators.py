@@ -7,9 +7,10 @@ the same arguments give the same task in any process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Protocol
+from typing import Protocol
 
 from toolgym.tasks.suite import HELDOUT, TRAIN, TaskSuite
 from toolgym.tasks.task import Task
@@ -39,7 +40,10 @@ class SuiteSpec:
     drop_heldout_leaks: bool = False
     #: For suites that are not generated but loaded (e.g. mined from real projects): builds the
     #: whole suite; `generator`, sizes and seeds are then unused.
-    loader: Callable[[], "TaskSuite"] | None = None
+    loader: Callable[[], TaskSuite] | None = None
+    #: The environment the suite belongs to (`register_env(..., tasks=...)` sets it): generated
+    #: tasks that leave `env_id` empty get this one.
+    env_id: str = ""
 
 
 _SUITES: dict[str, SuiteSpec] = {}
@@ -61,7 +65,32 @@ def generate(name: str, split: str, start: int, count: int) -> list[Task]:
     """`count` tasks of suite `name`'s `split`, from generator index `start`."""
     spec = _get(name)
     seed = spec.train_seed if split == TRAIN else spec.heldout_seed
-    return [spec.generator(seed, i, split) for i in range(start, start + count)]
+    return [_checked(spec, spec.generator(seed, i, split), split, i) for i in range(start, start + count)]
+
+
+class GeneratorError(ValueError):
+    """A suite's generator returned something the suite cannot use; the message names it and the fix."""
+
+
+def _checked(spec: SuiteSpec, task: Task, split: str, index: int) -> Task:
+    """`task` as the suite keeps it: in the split it was asked for (a generator that drops
+    `split=split` would otherwise empty the held-out split silently), with the suite's env id."""
+    where = f"suite {spec.name!r}: generator {getattr(spec.generator, '__qualname__', spec.generator)!r}"
+    if not isinstance(task, Task):
+        raise GeneratorError(f"{where} returned {type(task).__name__} for index {index}, not a Task")
+    if task.split != split:
+        raise GeneratorError(
+            f"{where} returned a task of split {task.split!r} when asked for {split!r} "
+            f"(index {index}): pass the split it is called with on, as Task(..., split=split)"
+        )
+    if not task.env_id:
+        if not spec.env_id:
+            raise GeneratorError(
+                f"{where} returned a task with no env_id: set Task(env_id=...), or register the "
+                "generator with its environment (register_env(ENV_ID, tasks=generator))"
+            )
+        task = Task.model_validate({**task.model_dump(exclude={"id"}), "env_id": spec.env_id})
+    return task
 
 
 def _get(name: str) -> SuiteSpec:
@@ -105,6 +134,7 @@ def _without_leaks(name: str, train: list[Task], held: list[Task], wanted: int) 
         missing = wanted - len(kept)
         candidates = generate(name, HELDOUT, next_index, missing)
         next_index += missing
-    raise ValueError(f"suite {name!r}: cannot find {wanted} held-out tasks disjoint from train "
-                     f"({len(kept)} found); the generator's held-out range overlaps train too much")
-
+    raise ValueError(
+        f"suite {name!r}: cannot find {wanted} held-out tasks disjoint from train "
+        f"({len(kept)} found); the generator's held-out range overlaps train too much"
+    )

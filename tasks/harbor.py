@@ -44,8 +44,9 @@ def environment_parts(dockerfile: str, where: str) -> tuple[str, str | None]:
         elif word == "FROM":
             image = base if rest.strip() in ("${BASE}", "$BASE") else rest.strip()
             if not image.startswith(IMAGE_TAG.split(":")[0] + ":"):
-                raise HarborImportError(f"{where}: its environment starts FROM {image!r}, which needs a registry "
-                                        f"(toolgym provides {IMAGE_TAG} only)")
+                raise HarborImportError(
+                    f"{where}: its environment starts FROM {image!r}, which needs a registry (toolgym provides {IMAGE_TAG} only)"
+                )
         elif word == "COPY":
             args = [a for a in parts if not a.startswith("--chown")]
             if len(args) == 2 and args[1].rstrip("/") == "/workspace":
@@ -92,8 +93,9 @@ def import_task(task_dir: Path, split: str = "held-out") -> Task:
     data = {}
     if site_dir:
         site = task_dir / "environment" / site_dir
-        digest = hashlib.sha256(json.dumps(sorted((p.relative_to(site).as_posix(), p.stat().st_size)
-                                                  for p in site.rglob("*") if p.is_file())).encode()).hexdigest()[:12]
+        digest = hashlib.sha256(
+            json.dumps(sorted((p.relative_to(site).as_posix(), p.stat().st_size) for p in site.rglob("*") if p.is_file())).encode()
+        ).hexdigest()[:12]
         name = f"harbor-{digest}"
         layer = site_layer_dir(name)
         if not layer.is_dir():
@@ -107,14 +109,23 @@ def import_task(task_dir: Path, split: str = "held-out") -> Task:
     files["environment/Dockerfile"] = dockerfile
     oracle = []
     if (task_dir / "solution" / "solve.sh").is_file():
-        oracle = [ToolCall(name="bash", arguments={"command": (task_dir / "solution" / "solve.sh").read_text(),
-                                                   "timeout": 120}), ToolCall(name="submit", arguments={})]
+        oracle = [
+            ToolCall(name="bash", arguments={"command": (task_dir / "solution" / "solve.sh").read_text(), "timeout": 120}),
+            ToolCall(name="submit", arguments={}),
+        ]
     meta = config.get("metadata", {})
     verifier_s = float(config.get("verifier", {}).get("timeout_sec", 600.0))
-    return Task(env_id=HARBOR_ENV, instruction=(task_dir / "instruction.md").read_text().strip(),
-                family=f"harbor/{meta.get('category', 'task')}", split=split, workspace=workspace,
-                hidden=HiddenSpec(kind="harbor", files=files, timeout_s=verifier_s), oracle=tuple(oracle), data=data,
-                metadata={"harbor_dir": task_dir.name, **{k: v for k, v in meta.items() if isinstance(v, (str, int, float))}})
+    return Task(
+        env_id=HARBOR_ENV,
+        instruction=(task_dir / "instruction.md").read_text().strip(),
+        family=f"harbor/{meta.get('category', 'task')}",
+        split=split,
+        workspace=workspace,
+        hidden=HiddenSpec(kind="harbor", files=files, timeout_s=verifier_s),
+        oracle=tuple(oracle),
+        data=data,
+        metadata={"harbor_dir": task_dir.name, **{k: v for k, v in meta.items() if isinstance(v, (str, int, float))}},
+    )
 
 
 def load_harbor_dir(root: Path) -> tuple[list[Task], dict[str, str]]:

@@ -50,8 +50,9 @@ def load_mined_suite(root: str | Path) -> TaskSuite:
     for key in header.get("projects", {}):
         project_file, task_file = root / "projects" / f"{key}.json", root / "tasks" / f"{key}.jsonl"
         if not project_file.exists() or not task_file.exists():
-            raise TaskLoadError(f"{root}: project {key} is listed in suite.yaml but {project_file.name} or "
-                                f"{task_file.name} is missing; mine it again")
+            raise TaskLoadError(
+                f"{root}: project {key} is listed in suite.yaml but {project_file.name} or {task_file.name} is missing; mine it again"
+            )
         base = json.loads(project_file.read_text())["files"]
         for lineno, line in enumerate(task_file.read_text().splitlines(), 1):
             if not line.strip():

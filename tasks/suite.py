@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import yaml
 from pydantic import ValidationError
@@ -28,7 +28,7 @@ HELDOUT = "held-out"
 
 #: Other on-disk suite formats: (does this directory hold one?, its loader). A format module
 #: registers itself here, so this module imports none of them.
-DIRECTORY_FORMATS: list[tuple[Callable[[Path], bool], Callable[[Path], "TaskSuite"]]] = []
+DIRECTORY_FORMATS: list[tuple[Callable[[Path], bool], Callable[[Path], TaskSuite]]] = []
 
 
 class TaskLoadError(ValueError):
@@ -43,10 +43,9 @@ def _describe_validation(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(task)"
-        fix = {
-            "missing": "add this field",
-            "extra_forbidden": "remove this field (it is not part of a task)",
-        }.get(e["type"], "fix its value")
+        fix = {"missing": "add this field", "extra_forbidden": "remove this field (it is not part of a task)"}.get(
+            e["type"], "fix its value"
+        )
         parts.append(f"field `{loc}`: {e['msg']} ({fix})")
     return "; ".join(parts)
 
@@ -92,7 +91,7 @@ class TaskSuite:
             return self._by_id[key]
         return self.tasks[key]
 
-    def split(self, split: str) -> "TaskSuite":
+    def split(self, split: str) -> TaskSuite:
         """The tasks of one split (`train` or `held-out`), as a suite of the same name/version."""
         return TaskSuite(self.name, [t for t in self.tasks if t.split == split], self.version)
 
@@ -140,7 +139,7 @@ class TaskSuite:
         return path
 
     @classmethod
-    def load_jsonl(cls, path: str | Path) -> "TaskSuite":
+    def load_jsonl(cls, path: str | Path) -> TaskSuite:
         """Load a JSONL suite written by `save_jsonl` (the header line is optional)."""
         path = Path(path)
         name, version, tasks = path.stem, "1", []
@@ -151,8 +150,9 @@ class TaskSuite:
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as err:
-                raise TaskLoadError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); "
-                                    "each line must be one JSON object") from None
+                raise TaskLoadError(
+                    f"{where}: not valid JSON ({err.msg} at column {err.colno}); each line must be one JSON object"
+                ) from None
             if lineno == 1 and isinstance(data, dict) and "suite" in data and "instruction" not in data:
                 name, version = str(data["suite"]), str(data.get("version", "1"))
                 continue
@@ -181,7 +181,7 @@ class TaskSuite:
         return root
 
     @classmethod
-    def load_dir(cls, root: str | Path) -> "TaskSuite":
+    def load_dir(cls, root: str | Path) -> TaskSuite:
         """Load a directory written by `save_dir` (or by hand in the same layout)."""
         root = Path(root)
         header: dict = {}
@@ -191,8 +191,7 @@ class TaskSuite:
         for folder in sorted(p for p in root.iterdir() if p.is_dir()):
             task_file = folder / "task.yaml"
             if not task_file.exists():
-                raise TaskLoadError(f"{folder}: no task.yaml; every task folder needs one "
-                                    "(instruction, env_id, family, ...)")
+                raise TaskLoadError(f"{folder}: no task.yaml; every task folder needs one (instruction, env_id, family, ...)")
             try:
                 data = yaml.safe_load(task_file.read_text())
             except yaml.YAMLError as err:
@@ -205,14 +204,13 @@ class TaskSuite:
             data["hidden"] = hidden
             tasks.append(task_from_dict(data, str(task_file)))
         if not tasks and not (root / "suite.yaml").exists():
-            raise TaskLoadError(f"{root}: not a suite (no suite.yaml and no task folder); "
-                                "`toolgym tasks SUITE --save DIR` writes one")
+            raise TaskLoadError(f"{root}: not a suite (no suite.yaml and no task folder); `toolgym tasks SUITE --save DIR` writes one")
         order = {tid: i for i, tid in enumerate(header.get("order") or [])}
         tasks.sort(key=lambda t: order.get(t.id, len(order)))  # saved order; hand-made folders last
         return cls(header.get("name", root.name), tasks, str(header.get("version", "1")))
 
     @classmethod
-    def load(cls, path: str | Path) -> "TaskSuite":
+    def load(cls, path: str | Path) -> TaskSuite:
         """Load a suite from a directory or a `.jsonl` file."""
         path = Path(path)
         if not path.exists():

@@ -136,7 +136,9 @@ class Task(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: str = ""
-    env_id: str
+    #: The environment that plays the task. Left empty by a generator registered with
+    #: `register_env(..., tasks=generator)`: the suite fills in that environment's id.
+    env_id: str = ""
     instruction: str
     family: str
     difficulty: int = Field(default=1, ge=1, le=10)
@@ -151,7 +153,7 @@ class Task(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _check_id(self) -> "Task":
+    def _check_id(self) -> Task:
         expected = self.content_hash()
         if self.id == "":
             object.__setattr__(self, "id", expected)
@@ -174,7 +176,7 @@ class Task(BaseModel):
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def with_split(self, split: str) -> "Task":
+    def with_split(self, split: str) -> Task:
         """The same task (same id) placed in another split."""
         return self.model_copy(update={"split": split})
 

@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from toolgym.harness.tiny import build_tiny_policy
+from toolgym.inference.tiny import build_tiny_policy
 from toolgym.trainers.batching import TokenBatch, select
 from toolgym.trainers.learner import Learner, LearnerConfig
 
@@ -26,7 +26,7 @@ def global_batch(vocab: int) -> TokenBatch:
     for i, n in enumerate(lengths):
         ids[i, :n] = torch.randint(10, vocab, (n,), generator=g)
         attention[i, :n] = 1
-        mask[i, n // 3: n - 1] = 1.0  # the "policy" tokens: a different share of each row
+        mask[i, n // 3 : n - 1] = 1.0  # the "policy" tokens: a different share of each row
     adv = torch.randn(len(lengths), generator=g)
     return TokenBatch(ids, attention, mask, torch.zeros_like(mask), adv)
 
@@ -42,10 +42,9 @@ def main(out: str, parallel: str = "ddp") -> None:
     batch = global_batch(model.config.vocab_size)
     rows = list(range(batch.input_ids.shape[0]))
     share = len(rows) // world
-    mine = select(batch, rows[rank * share: (rank + 1) * share])
+    mine = select(batch, rows[rank * share : (rank + 1) * share])
     # a small token budget: several micro-batches per rank, a different number on each rank
-    learner = Learner(model, LearnerConfig(lr=1e-2, token_budget=128, loss="ppo", agg="token-mean",
-                                           parallel=parallel))
+    learner = Learner(model, LearnerConfig(lr=1e-2, token_budget=128, loss="ppo", agg="token-mean", parallel=parallel))
     reductions: list[int] = []  # DDP: gradient buckets all-reduced, per step
     if parallel == "ddp" and world > 1:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -66,10 +65,21 @@ def main(out: str, parallel: str = "ddp") -> None:
     anchored = learner.rl_step(mine, anchor=mine, anchor_coef=0.5)
     after_anchor = learner.full_state_dict()
     if rank == 0:
-        torch.save({"after_rl": after_rl, "state": state, "after_anchor": after_anchor, "rl_loss": rl["loss"],
-                    "sft_loss": sft["sft_loss"], "anchor_nll": anchored["anchor_nll"],
-                    "grad_norm": rl["grad_norm"], "world": world, "reductions": reductions,
-                    "micro_batches": [rl["micro_batches"], sft.get("micro_batches"), anchored["micro_batches"]]}, out)
+        torch.save(
+            {
+                "after_rl": after_rl,
+                "state": state,
+                "after_anchor": after_anchor,
+                "rl_loss": rl["loss"],
+                "sft_loss": sft["sft_loss"],
+                "anchor_nll": anchored["anchor_nll"],
+                "grad_norm": rl["grad_norm"],
+                "world": world,
+                "reductions": reductions,
+                "micro_batches": [rl["micro_batches"], sft.get("micro_batches"), anchored["micro_batches"]],
+            },
+            out,
+        )
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -76,8 +76,14 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 def run_cli(*args: str, input: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `python -m toolgym.cli ...` in a fresh process, as a user would run `toolgym ...`."""
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    with subprocess.Popen([sys.executable, "-m", "toolgym.cli", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-m", "toolgym.cli", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
         RUN_PIDS.add(proc.pid)
         try:
             out, err = proc.communicate(input, timeout=timeout)
@@ -90,7 +96,7 @@ def run_cli(*args: str, input: str | None = None, timeout: int = 600) -> subproc
 @pytest.fixture(scope="session")
 def tiny_dir():
     """The tiny policy directory (built once per machine, cached in ~/.cache/toolgym)."""
-    from toolgym.harness.tiny import build_tiny_policy
+    from toolgym.inference.tiny import build_tiny_policy
 
     return str(build_tiny_policy())
 
@@ -98,7 +104,7 @@ def tiny_dir():
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_dir):
     """The tiny policy loaded through `from_pretrained`, as an HFPolicy."""
-    from toolgym.harness.hf_policy import HFPolicy
+    from toolgym.inference.hf_policy import HFPolicy
 
     return HFPolicy(tiny_dir, name="tiny")
 
@@ -119,7 +125,7 @@ class ScriptedTokenPolicy:
         self.eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     async def generate(self, prompt_ids, sampling):
-        from toolgym.harness.policy import Generation
+        from toolgym.inference.policy import Generation
 
         text = self.turns[len(self.calls)] if len(self.calls) < len(self.turns) else "done"
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eot]
@@ -169,14 +175,16 @@ def sandbox(backend):
     """A sandbox over WORKSPACE_FILES with `tests/` protected; closed after the test."""
     from toolgym.sandbox import Limits, SandboxConfig, make_sandbox
 
-    config = SandboxConfig(backend=backend, protected=("tests",),
-                           limits=Limits(timeout_s=20, memory_mb=256, pids=64, file_size_mb=16, disk_mb=48))
+    config = SandboxConfig(
+        backend=backend, protected=("tests",), limits=Limits(timeout_s=20, memory_mb=256, pids=64, file_size_mb=16, disk_mb=48)
+    )
     box = make_sandbox(dict(WORKSPACE_FILES), config)
     yield box
     box.close()
 
 
 # ---- mined tasks (toolgym.mining) ------------------------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def mined(tmp_path_factory):
@@ -189,7 +197,8 @@ def mined(tmp_path_factory):
 
     from mining_fixture import build_sdist
 
-    from toolgym.mining.miner import MineOptions, mine_project, write_header
+    from toolgym.mining.miner import MineOptions
+    from toolgym.mining.run import mine_project, write_header
 
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "mined"
@@ -199,9 +208,16 @@ def mined(tmp_path_factory):
         fcntl.flock(lock, fcntl.LOCK_EX)
         if done.exists():
             return out, pickle.loads(done.read_bytes())
-        reports = [mine_project(str(build_sdist(root / "sdists", name)), split, out,
-                                MineOptions(max_tasks=6, max_tries=30, backends=("bwrap", "docker")), log=lambda m: None)
-                   for name, split in (("tinytext", "train"), ("tinyheld", "held-out"))]
+        reports = [
+            mine_project(
+                str(build_sdist(root / "sdists", name)),
+                split,
+                out,
+                MineOptions(max_tasks=6, max_tries=30, backends=("bwrap", "docker")),
+                log=lambda m: None,
+            )
+            for name, split in (("tinytext", "train"), ("tinyheld", "held-out"))
+        ]
         write_header(out, "tiny-mined", "0", reports)
         done.write_bytes(pickle.dumps(reports))
     return out, reports

@@ -25,8 +25,7 @@ def made_by(text: str, run_pids: set[int]) -> bool:
 
 
 def _containers(run_pids: set[int]) -> list[str]:
-    listing = subprocess.run(["docker", "ps", "-a", "--filter", "label=toolgym", "--format", "{{json .}}"],
-                             capture_output=True, text=True)
+    listing = subprocess.run(["docker", "ps", "-a", "--filter", "label=toolgym", "--format", "{{json .}}"], capture_output=True, text=True)
     if listing.returncode != 0:
         return [f"(docker is not answering: {listing.stderr.strip()})"]
     out = []
@@ -73,8 +72,11 @@ def find_leftovers(run_pids: set[int], wait: float = 10.0) -> list[str]:
         procs = _processes(run_pids)
         if procs:
             problems.append(f"processes: {procs}")
-        cgroups = [str(p) for p in Path("/sys/fs/cgroup").rglob("toolgym-*") if made_by(p.name, run_pids)] \
-            if Path("/sys/fs/cgroup").exists() else []
+        cgroups = (
+            [str(p) for p in Path("/sys/fs/cgroup").rglob("toolgym-*") if made_by(p.name, run_pids)]
+            if Path("/sys/fs/cgroup").exists()
+            else []
+        )
         if cgroups:
             problems.append(f"cgroups: {cgroups}")
         if not problems or time.time() > deadline:

@@ -45,7 +45,7 @@ def title_words(text, small=("a", "of", "the")):
     return " ".join(out)
 '''
 
-TESTS = '''import unittest
+TESTS = """import unittest
 
 from {name} import chunks, clamp, mean, title_words
 
@@ -84,7 +84,7 @@ class TitleTests(unittest.TestCase):
 
     def test_title_single(self):
         self.assertEqual(title_words("hello"), "Hello")
-'''
+"""
 
 
 def build_sdist(dest: Path, name: str = "tinytext", version: str = "1.0") -> Path:

@@ -8,21 +8,33 @@ from pathlib import Path
 
 import torch
 
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.protocol_server import ProtocolServer
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.inference.protocol_server import ProtocolServer
 from toolgym.trainers.campaign import Campaign
 from toolgym.trainers.config import CampaignConfig
 
 
 def _config(tmp_path: Path, name: str, **rollout) -> CampaignConfig:
-    return CampaignConfig.model_validate({
-        "name": name, "seed": 1, "out_dir": str(tmp_path / name), "model": {"device": "cpu", "dtype": "fp32"},
-        "envs": [{"env": "records-v0", "suite": "records", "train_tasks": 20, "eval_tasks": 2}],
-        "sft": {"steps": 0},
-        "rl": {"steps": 3, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False,
-               "learner": {"lr": 1e-3, "token_budget": 4096}},
-        "sampler": {"kind": "uniform"}, "checkpoint": {"every": 5},
-        "rollout": {"max_turns": 3, "max_new_tokens": 16, "concurrency": 8, **rollout}})
+    return CampaignConfig.model_validate(
+        {
+            "name": name,
+            "seed": 1,
+            "out_dir": str(tmp_path / name),
+            "model": {"device": "cpu", "dtype": "fp32"},
+            "envs": [{"env": "records-v0", "suite": "records", "train_tasks": 20, "eval_tasks": 2}],
+            "sft": {"steps": 0},
+            "rl": {
+                "steps": 3,
+                "tasks_per_step": 2,
+                "group_size": 2,
+                "drop_zero_variance": False,
+                "learner": {"lr": 1e-3, "token_budget": 4096},
+            },
+            "sampler": {"kind": "uniform"},
+            "checkpoint": {"every": 5},
+            "rollout": {"max_turns": 3, "max_new_tokens": 16, "concurrency": 8, **rollout},
+        }
+    )
 
 
 def test_a_batch_two_versions_old_is_dropped_and_counted_one_version_old_is_kept(tmp_path):
@@ -47,8 +59,11 @@ def test_a_batch_two_versions_old_is_dropped_and_counted_one_version_old_is_kept
 def test_async_campaign_overlaps_rollouts_with_updates_within_the_bound(tmp_path):
     campaign = Campaign(_config(tmp_path, "async", max_staleness=1), progress=False)
     campaign.run()
-    steps = [json.loads(line) for line in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line).get("kind") == "train"]
+    steps = [
+        json.loads(line)
+        for line in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line).get("kind") == "train"
+    ]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert all(s["staleness_max"] <= 1 and s["stale_dropped"] == 0 for s in steps)
     # the next batch started before the update it trails: some of its turns were sampled by the
@@ -85,6 +100,5 @@ def test_campaign_on_inference_servers_pushes_weights_after_each_step(tmp_path, 
     finally:
         for server in servers:
             server.close()
-    moved = any(not torch.equal(v, HFPolicy(tiny_dir, device="cpu", dtype="fp32").model.state_dict()[k])
-                for k, v in trained.items())
+    moved = any(not torch.equal(v, HFPolicy(tiny_dir, device="cpu", dtype="fp32").model.state_dict()[k]) for k, v in trained.items())
     assert moved  # the step changed the weights the servers now serve

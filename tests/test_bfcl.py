@@ -11,8 +11,8 @@ import toolgym
 from toolgym.envs.families.bfcl import tool_schema
 from toolgym.harness import FixedAgent, OracleAgent, RolloutRunner
 from toolgym.tasks import ToolCall, builtin_suite
-from toolgym.verifiers import Outcome
 from toolgym.tasks.bfcl import CATEGORIES, LIVE_CATEGORIES, MODEL_NAME, SKIPPED, checkers, is_irrelevance, split_of
+from toolgym.verifiers import Outcome
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,7 @@ def _bfcl_direct(task, calls):
         return calls is None or is_empty_output(calls)
     if calls is None:
         return False
-    return ast_checker(args["functions"], calls, args["ground_truth"], language.PYTHON, args["category"],
-                       MODEL_NAME)["valid"]
+    return ast_checker(args["functions"], calls, args["ground_truth"], language.PYTHON, args["category"], MODEL_NAME)["valid"]
 
 
 def _through_toolgym(task, text):
@@ -51,8 +50,11 @@ def _through_toolgym(task, text):
 def _variants(task):
     """(label, decoded calls or None, the model's text) for right and wrong outputs."""
     oracle = [{c.name: dict(c.arguments)} for c in task.oracle]
-    out = [("oracle", oracle, _text(oracle)), ("no call", [], "I cannot help with that."),
-           ("malformed", None, "<tool_call>{\"name\": oops</tool_call>")]
+    out = [
+        ("oracle", oracle, _text(oracle)),
+        ("no call", [], "I cannot help with that."),
+        ("malformed", None, '<tool_call>{"name": oops</tool_call>'),
+    ]
     if oracle:
         name, args = next(iter(oracle[0].items()))
         out.append(("wrong function name", [{name + "_x": args}] + oracle[1:], _text([{name + "_x": args}] + oracle[1:])))
@@ -120,8 +122,7 @@ def test_the_live_suite_is_all_held_out_and_unlike_the_training_suite(live, suit
     assert {t.family for t in first} == set(LIVE_CATEGORIES)
     runner = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, OracleAgent(), progress=False, concurrency=32)
     assert {t.outcome for t in runner.run(first)} == {Outcome.PASSED}
-    idle = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent("I am not sure."), progress=False,
-                         concurrency=32).run(first)
+    idle = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent("I am not sure."), progress=False, concurrency=32).run(first)
     for t in idle:
         assert (t.outcome == Outcome.PASSED) == (t.family == "live_irrelevance"), t.family
 
@@ -129,8 +130,9 @@ def test_the_live_suite_is_all_held_out_and_unlike_the_training_suite(live, suit
 def test_every_oracle_passes_and_doing_nothing_passes_irrelevance_only(suite):
     runner = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, OracleAgent(), progress=False, concurrency=32)
     assert {t.outcome for t in runner.run(suite.tasks)} == {Outcome.PASSED}
-    idle = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent("I am not sure."), progress=False,
-                         concurrency=32).run(suite.tasks)
+    idle = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent("I am not sure."), progress=False, concurrency=32).run(
+        suite.tasks
+    )
     for t in idle:
         assert (t.outcome == Outcome.PASSED) == (t.family == "irrelevance"), t.family
     skipped = sum(SKIPPED.get(c, 0) for c in CATEGORIES)  # SKIPPED also counts bfcl-live's, once it is loaded
@@ -167,6 +169,7 @@ def test_eval_cli_reports_bfcl_accuracy_per_category(tmp_path):
 
 
 # ---- multi-turn -------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def multi():
@@ -232,8 +235,10 @@ def _multi_variants(task):
     if args:
         key = next(iter(args))
         value = args[key]
-        changed = [t if i != first else t[:-1] + [(name, {**args, key: (value + "_x") if isinstance(value, str)
-                                                           else 12345})] for i, t in enumerate(turns)]
+        changed = [
+            t if i != first else t[:-1] + [(name, {**args, key: (value + "_x") if isinstance(value, str) else 12345})]
+            for i, t in enumerate(turns)
+        ]
         out.append(("an argument changed", *episode(changed)))
     steps, decoded = episode(turns)
     out.append(("stopped before the last request", steps[:-1], decoded[:-1]))
@@ -254,8 +259,11 @@ def test_multi_turn_verdicts_are_bfcls(multi, category):
 
 def test_multi_turn_calls_run_methods_and_the_next_request_arrives_as_a_user_message(multi):
     # a miss_func entry whose first turn calls something and whose second request is a message
-    task = next(t for t in multi.tasks if t.family == "multi_turn_miss_func" and "<tool_call>" in t.oracle_turns()[0]
-                and t.hidden.scorer_args["entry"]["question"][1])
+    task = next(
+        t
+        for t in multi.tasks
+        if t.family == "multi_turn_miss_func" and "<tool_call>" in t.oracle_turns()[0] and t.hidden.scorer_args["entry"]["question"][1]
+    )
     env = toolgym.make("bfcl-multi-v0").unwrapped
     env.reset(options={"task": task})
     obs, _, terminated, _, info = env.step(task.oracle_turns()[0])
@@ -290,16 +298,21 @@ def test_partial_credit_ranks_near_misses_and_leaves_bfcls_verdict_alone(suite):
     key = next(iter(args))
     one_wrong = [{name: {**args, key: "certainly not this"}}] + oracle[1:]
     two_wrong = [{name: {k: "certainly not this" for k in args}}] + oracle[1:]
-    texts = {"oracle": _text(oracle), "one value wrong": _text(one_wrong), "every value of a call wrong":
-             _text(two_wrong), "a call missing": _text(oracle[:-1]), "a call too many": _text(oracle + oracle[:1]),
-             "wrong function names": _text([{n + "_x": a} for c in oracle for n, a in c.items()]),
-             "no call": "I cannot help with that.", "malformed": "<tool_call>{\"name\": oops</tool_call>"}
+    texts = {
+        "oracle": _text(oracle),
+        "one value wrong": _text(one_wrong),
+        "every value of a call wrong": _text(two_wrong),
+        "a call missing": _text(oracle[:-1]),
+        "a call too many": _text(oracle + oracle[:1]),
+        "wrong function names": _text([{n + "_x": a} for c in oracle for n, a in c.items()]),
+        "no call": "I cannot help with that.",
+        "malformed": '<tool_call>{"name": oops</tool_call>',
+    }
     credit = {}
     for label, text in texts.items():
         runner = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent(text), progress=False)
         (traj,) = runner.run([task])
-        assert traj.reward == float(label == "oracle") and traj.outcome == (
-            Outcome.PASSED if label == "oracle" else Outcome.FAILED), label
+        assert traj.reward == float(label == "oracle") and traj.outcome == (Outcome.PASSED if label == "oracle" else Outcome.FAILED), label
         credit[label] = traj.verdict.details.get("partial_credit")
     assert credit["oracle"] is None  # a pass needs no partial credit
     n, k = len(oracle), len(args)
@@ -310,6 +323,5 @@ def test_partial_credit_ranks_near_misses_and_leaves_bfcls_verdict_alone(suite):
     assert credit["wrong function names"] == credit["no call"] == credit["malformed"] == 0.0
     irrelevant = _entry(suite, "irrelevance")
     fn = irrelevant.hidden.scorer_args["functions"][0]["name"]
-    (called,) = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent(_text([{fn: {}}])),
-                              progress=False).run([irrelevant])
+    (called,) = RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, FixedAgent(_text([{fn: {}}])), progress=False).run([irrelevant])
     assert called.outcome == Outcome.FAILED and called.verdict.details["partial_credit"] == 0.0

@@ -24,6 +24,7 @@ def random_batch(seed, b=7, t=9):
 
 # ---- advantages --------------------------------------------------------------------------------
 
+
 def ref_advantages(rewards, groups, kind, eps=1e-6):
     out = np.zeros_like(rewards)
     for i, (r, g) in enumerate(zip(rewards, groups)):
@@ -68,6 +69,7 @@ def test_advantage_is_broadcast_over_the_mask_only():
 
 # ---- aggregation and losses --------------------------------------------------------------------
 
+
 def ref_aggregate(values, mask, mode, norm=None):
     if mode == "token-mean":
         return (values * mask).sum() / mask.sum()
@@ -106,13 +108,23 @@ def ref_cispo(logp, old, adv, mask, lo, hi):
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-@pytest.mark.parametrize("loss,ref,eps", [("ppo", ref_ppo, (0.2, 0.28)), ("gspo", ref_gspo, (0.05, 0.08)),
-                                          ("cispo", ref_cispo, (None, 0.5))])
+@pytest.mark.parametrize(
+    "loss,ref,eps", [("ppo", ref_ppo, (0.2, 0.28)), ("gspo", ref_gspo, (0.05, 0.08)), ("cispo", ref_cispo, (None, 0.5))]
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_losses_match_the_reference(loss, ref, eps, mode, seed):
     _, _, logp, old, mask, adv = random_batch(seed)
-    got, stats = ca.policy_loss(loss, torch.tensor(logp), torch.tensor(old), torch.tensor(adv), torch.tensor(mask),
-                                eps_low=eps[0], eps_high=eps[1], agg=mode, norm=12.0)
+    got, stats = ca.policy_loss(
+        loss,
+        torch.tensor(logp),
+        torch.tensor(old),
+        torch.tensor(adv),
+        torch.tensor(mask),
+        eps_low=eps[0],
+        eps_high=eps[1],
+        agg=mode,
+        norm=12.0,
+    )
     want = ref_aggregate(ref(logp, old, adv, mask, *eps), mask, mode, norm=12.0)
     assert float(got) == pytest.approx(float(want), rel=1e-6, abs=1e-9)
     assert 0.0 <= stats["clip_frac_high"] <= 1.0 and stats["ratio_min"] <= stats["ratio_max"]
@@ -129,8 +141,7 @@ def test_ppo_by_hand():
 
 def test_ppo_clip_fraction_and_gradient_of_clipped_tokens():
     logp = torch.tensor([[math.log(2.0), 0.0]], requires_grad=True)
-    loss, stats = ca.ppo_clip_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2),
-                                   eps_low=0.2, eps_high=0.28)
+    loss, stats = ca.ppo_clip_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), eps_low=0.2, eps_high=0.28)
     loss.backward()
     assert logp.grad[0, 0] == 0.0 and logp.grad[0, 1] == pytest.approx(-0.5)  # clipped token: no gradient
 
@@ -156,6 +167,7 @@ def test_unknown_names_say_what_exists():
 
 
 # ---- only the policy's own tokens are trained ---------------------------------------------------
+
 
 @pytest.mark.parametrize("loss", ["ppo", "gspo", "cispo"])
 def test_observation_tokens_get_exactly_zero_gradient(loss):

@@ -23,12 +23,28 @@ def test_two_process_step_matches_one_process(tmp_path, parallel):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main(str(single))  # the one-process reference, here
-    from toolgym.harness.weight_sync import free_port
+    from toolgym.inference.weight_sync import free_port
 
     # a free port of its own: torchrun's default (29500) may be taken by other work on the machine
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                        "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), str(ddp), parallel],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(SCRIPT),
+            str(ddp),
+            parallel,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = torch.load(single), torch.load(ddp)
     assert (a["world"], b["world"]) == (1, 2)
@@ -54,20 +70,30 @@ def test_campaign_in_two_fsdp2_processes_matches_one_process_and_resumes(tmp_pat
     import json
 
     import yaml
+    from conftest import run_cli
     from transformers import AutoModelForCausalLM
 
-    from conftest import run_cli
-
     def config(name: str, processes: int) -> Path:
-        data = {"name": name, "seed": 1, "out_dir": str(tmp_path / name), "processes": processes,
-                "model": {"device": "cpu", "dtype": "fp32"},
-                "envs": [{"env": "records-v0", "suite": "records", "train_tasks": 20, "eval_tasks": 1}],
-                "eval": {"base_tasks": 1, "max_turns": 2},
-                "sft": {"steps": 2, "batch_size": 4, "demos_per_suite": 4, "lr": 1e-3},
-                "rl": {"steps": 2, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False,
-                       "learner": {"lr": 1e-3, "weight_decay": 0.1, "token_budget": 512, "parallel": "fsdp2"}},
-                "sampler": {"kind": "uniform"}, "checkpoint": {"every": 1},
-                "rollout": {"max_turns": 2, "max_new_tokens": 16, "concurrency": 8}}
+        data = {
+            "name": name,
+            "seed": 1,
+            "out_dir": str(tmp_path / name),
+            "processes": processes,
+            "model": {"device": "cpu", "dtype": "fp32"},
+            "envs": [{"env": "records-v0", "suite": "records", "train_tasks": 20, "eval_tasks": 1}],
+            "eval": {"base_tasks": 1, "max_turns": 2},
+            "sft": {"steps": 2, "batch_size": 4, "demos_per_suite": 4, "lr": 1e-3},
+            "rl": {
+                "steps": 2,
+                "tasks_per_step": 2,
+                "group_size": 2,
+                "drop_zero_variance": False,
+                "learner": {"lr": 1e-3, "weight_decay": 0.1, "token_budget": 512, "parallel": "fsdp2"},
+            },
+            "sampler": {"kind": "uniform"},
+            "checkpoint": {"every": 1},
+            "rollout": {"max_turns": 2, "max_new_tokens": 16, "concurrency": 8},
+        }
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(data))
         return path

@@ -26,8 +26,9 @@ def pool():
 def test_a_recycled_container_keeps_nothing_of_its_last_user(pool):
     first = make_sandbox({"a.txt": "A\n"}, CONFIG, pool=pool)
     container = first.slot.container.id
-    res = first.exec("echo x > /tmp/x; mkdir /tmp/d; echo y > /dev/shm/y; echo z > b.txt; "
-                     "echo w > /.toolgym/extra; (sleep 300 &) ; echo done")
+    res = first.exec(
+        "echo x > /tmp/x; mkdir /tmp/d; echo y > /dev/shm/y; echo z > b.txt; echo w > /.toolgym/extra; (sleep 300 &) ; echo done"
+    )
     assert res.stdout.strip() == "done"
     first.close()
     second = make_sandbox({"c.txt": "C\n"}, CONFIG, pool=pool)
@@ -42,8 +43,10 @@ def test_a_recycled_container_keeps_nothing_of_its_last_user(pool):
 
 def test_no_ipc_can_outlive_a_process(pool):
     with make_sandbox({}, CONFIG, pool=pool) as box:
-        code = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
-                "print(libc.shmget(7, 4096, 0o1666), libc.msgget(7, 0o1666), libc.semget(7, 1, 0o1666))\n")
+        code = (
+            "import ctypes\nlibc = ctypes.CDLL(None)\n"
+            "print(libc.shmget(7, 4096, 0o1666), libc.msgget(7, 0o1666), libc.semget(7, 1, 0o1666))\n"
+        )
         assert box.exec(f"python3 -c '{code}'").stdout.split() == ["-1", "-1", "-1"]
         assert box.exec("touch /dev/mqueue/q").exit_code != 0  # no POSIX message queue either
 
@@ -52,8 +55,7 @@ def test_where_the_sandbox_user_can_write_is_what_reset_empties(pool):
     with make_sandbox({}, CONFIG, pool=pool) as box:
         mounts = box.exec("for m in $(awk '{print $2}' /proc/mounts); do [ -w \"$m\" ] && echo $m; done").stdout.split()
         # /proc/keys and /proc/timer_list are docker's masks (/dev/null); /dev/mqueue takes no queue
-        assert set(mounts) - {"/proc/keys", "/proc/timer_list", "/dev/mqueue"} == {"/tmp", "/dev/shm", "/workspace",
-                                                                                   "/.toolgym"}
+        assert set(mounts) - {"/proc/keys", "/proc/timer_list", "/dev/mqueue"} == {"/tmp", "/dev/shm", "/workspace", "/.toolgym"}
 
 
 def test_a_full_pool_starts_no_container_it_would_throw_away(monkeypatch):

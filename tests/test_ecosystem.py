@@ -9,16 +9,13 @@ import tempfile
 
 import pytest
 import torch
+from conftest import run_cli
 
 import toolgym
-from toolgym.harness.datasets import (demonstrations_dataset, play_oracle, suite_to_dataset, tasks_from_dataset,
-                                      write_suite_dataset)
-from toolgym.sandbox import SandboxConfig
+from toolgym.integrations.datasets import demonstrations_dataset, play_oracle, suite_to_dataset, tasks_from_dataset
+from toolgym.integrations.trl_adapter import environment_factory, prepare_tokenizer
 from toolgym.tasks import HiddenSpec, SuiteSpec, Task, ToolCall, builtin_suite, register_suite
-from toolgym.trainers.trl_adapter import environment_factory, prepare_tokenizer
 from toolgym.verifiers import FinalState, Outcome, ScoreVerifier, VerifierError, register_scorer
-
-from conftest import run_cli
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -72,8 +69,7 @@ def test_reset_takes_every_column_and_needs_a_task_id():
         env.reset(task_id="0000000000000000")
 
 
-@pytest.mark.parametrize("env_id,suite", [("records-v0", "records"), ("shell-ops-v0", "shell-ops"),
-                                          ("rg-chain_sum-v0", "rg-chain_sum")])
+@pytest.mark.parametrize("env_id,suite", [("records-v0", "records"), ("shell-ops-v0", "shell-ops"), ("rg-chain_sum-v0", "rg-chain_sum")])
 def test_oracle_earns_one_and_doing_nothing_zero(env_id, suite):
     task = builtin_suite(suite).split("held-out").tasks[0]
     env = environment_factory(env_id)()
@@ -128,9 +124,23 @@ def _grpo_args(out: str, **kw):
     from trl import GRPOConfig
 
     # CPU: bf16 off, gradient checkpointing off, an explicit learning rate (TRL's defaults are for GPUs)
-    base = dict(output_dir=out, max_steps=2, per_device_train_batch_size=4, num_generations=4, max_completion_length=256,
-                max_tool_calling_iterations=4, learning_rate=1e-5, bf16=False, activation_checkpointing=False,
-                logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, beta=0.0, shuffle_dataset=False)
+    base = dict(
+        output_dir=out,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=256,
+        max_tool_calling_iterations=4,
+        learning_rate=1e-5,
+        bf16=False,
+        activation_checkpointing=False,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        beta=0.0,
+        shuffle_dataset=False,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
@@ -163,19 +173,19 @@ def test_trl_grpo_steps_get_rewards_from_our_verifier(tiny_dir):
     tools = [getattr(cls, n) for n, _ in inspect.getmembers(cls, inspect.isfunction) if n in _tools("records-v0")]
     prompt = data[0]["prompt"]
     ids = tok.apply_chat_template(prompt + turns, tools=tools, tokenize=True, return_dict=False)
-    n_prompt = len(tok.apply_chat_template(prompt, tools=tools, tokenize=True, add_generation_prompt=True,
-                                           return_dict=False))
+    n_prompt = len(tok.apply_chat_template(prompt, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False))
     x = torch.tensor([ids])
     opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
     for _ in range(300):  # memorise task 0's oracle conversation
-        loss = torch.nn.functional.cross_entropy(model(input_ids=x).logits[0, n_prompt - 1:-1], x[0, n_prompt:])
+        loss = torch.nn.functional.cross_entropy(model(input_ids=x).logits[0, n_prompt - 1 : -1], x[0, n_prompt:])
         loss.backward()
         opt.step()
         opt.zero_grad()
     spy, calls = _spy(cls)
     with tempfile.TemporaryDirectory() as out:
-        trainer = GRPOTrainer(model=model, args=_grpo_args(out, temperature=0.05), train_dataset=data,
-                              processing_class=tok, environment_factory=spy)
+        trainer = GRPOTrainer(
+            model=model, args=_grpo_args(out, temperature=0.05), train_dataset=data, processing_class=tok, environment_factory=spy
+        )
         trainer.train()
     assert trainer.state.global_step == 2
     assert len(calls) == 8 and all(graded for _, _, graded, _ in calls)
@@ -198,8 +208,9 @@ def test_trl_grpo_steps_on_a_sandboxed_family(tiny_dir):
     data = suite_to_dataset(builtin_suite("shell-ops"), "train").select([0, 1])
     spy, calls = _spy(environment_factory("shell-ops-v0", sandbox={"backend": "bwrap"}))
     with tempfile.TemporaryDirectory() as out:
-        trainer = GRPOTrainer(model=model, args=_grpo_args(out, max_completion_length=48), train_dataset=data,
-                              processing_class=tok, environment_factory=spy)
+        trainer = GRPOTrainer(
+            model=model, args=_grpo_args(out, max_completion_length=48), train_dataset=data, processing_class=tok, environment_factory=spy
+        )
         trainer.train()
     assert trainer.state.global_step == 2
     assert len(calls) == 8
@@ -249,9 +260,23 @@ def test_sft_trainer_takes_the_demonstrations(tiny_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     ds = demonstrations_dataset(builtin_suite("records").split("train").tasks[:4], "records")
     with tempfile.TemporaryDirectory() as out:
-        trainer = SFTTrainer(model=model, train_dataset=ds, processing_class=tok, args=SFTConfig(
-            output_dir=out, max_steps=2, per_device_train_batch_size=2, learning_rate=1e-3, use_cpu=True, bf16=False,
-            report_to=[], save_strategy="no", logging_steps=1, max_length=2048))
+        trainer = SFTTrainer(
+            model=model,
+            train_dataset=ds,
+            processing_class=tok,
+            args=SFTConfig(
+                output_dir=out,
+                max_steps=2,
+                per_device_train_batch_size=2,
+                learning_rate=1e-3,
+                use_cpu=True,
+                bf16=False,
+                report_to=[],
+                save_strategy="no",
+                logging_steps=1,
+                max_length=2048,
+            ),
+        )
         result = trainer.train()
     assert trainer.state.global_step == 2 and torch.isfinite(torch.tensor(result.training_loss))
 
@@ -331,8 +356,9 @@ def test_score_verifier_grades_with_the_scorer_and_owns_its_failures():
         raise RuntimeError("scorer bug")
 
     register_scorer("test-boom", boom)
-    broken = Task(env_id="toolgym/rg-chain_sum-v0", instruction="x", family="t",
-                  hidden=HiddenSpec(kind="score", answer="1", scorer="test-boom"))
+    broken = Task(
+        env_id="toolgym/rg-chain_sum-v0", instruction="x", family="t", hidden=HiddenSpec(kind="score", answer="1", scorer="test-boom")
+    )
     with pytest.raises(VerifierError, match="scorer bug"):
         v.verify(broken, FinalState(answer="1"))
     unknown = broken.model_copy(update={"hidden": HiddenSpec(kind="score", answer="1", scorer="nope")})
@@ -355,8 +381,9 @@ def test_partial_credit_is_recorded_for_rejected_answers_and_its_failure_never_c
         return credits[answer]
 
     register_partial_credit("test-exact", credit)
-    task = Task(env_id="toolgym/rg-chain_sum-v0", instruction="x", family="t",
-                hidden=HiddenSpec(kind="score", answer="1", scorer="test-exact"))
+    task = Task(
+        env_id="toolgym/rg-chain_sum-v0", instruction="x", family="t", hidden=HiddenSpec(kind="score", answer="1", scorer="test-exact")
+    )
     v = ScoreVerifier()
     assert v.verify(task, FinalState(answer="1")).details == {}
     near = v.verify(task, FinalState(answer="0.25"))
@@ -384,13 +411,25 @@ def test_leaky_held_out_items_are_replaced():
     def gen(seed, index, split="train"):
         # held-out repeats train for its first 5 indices, then is new
         n = index if split == "train" or index < 5 else 1000 + index
-        return Task(env_id="toolgym/records-v0", instruction=f"question number {n} " + "x" * (n % 7), family="t",
-                    split=split, hidden=HiddenSpec(answer=str(n)))
+        return Task(
+            env_id="toolgym/records-v0",
+            instruction=f"question number {n} " + "x" * (n % 7),
+            family="t",
+            split=split,
+            hidden=HiddenSpec(answer=str(n)),
+        )
 
     register_suite(SuiteSpec(name="test-leaky", generator=gen, train_size=20, heldout_size=8, drop_heldout_leaks=True))
     suite = builtin_suite("test-leaky")
     assert suite.leaks().clean and len(suite.split("held-out")) == 8
-    register_suite(SuiteSpec(name="test-leaky-all", generator=lambda s, i, split="train": gen(s, i % 5, "train"),
-                             train_size=5, heldout_size=3, drop_heldout_leaks=True))
+    register_suite(
+        SuiteSpec(
+            name="test-leaky-all",
+            generator=lambda s, i, split="train": gen(s, i % 5, "train"),
+            train_size=5,
+            heldout_size=3,
+            drop_heldout_leaks=True,
+        )
+    )
     with pytest.raises(ValueError, match="cannot find 3 held-out tasks"):
         builtin_suite("test-leaky-all")

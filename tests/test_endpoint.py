@@ -8,15 +8,14 @@ import json
 import pytest
 
 import toolgym
-from toolgym.harness.endpoint import Endpoint
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.policy import Generation, SamplingParams
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.inference.policy import Generation, SamplingParams
+from toolgym.integrations.endpoint import Endpoint
 from toolgym.tasks import ToolCall, builtin_suite
 from toolgym.verifiers import Outcome
 
 
-def sdk_agent(base_url: str, instruction: str, tools: list[dict], execute, max_turns: int = 8,
-              edit_history: bool = False) -> None:
+def sdk_agent(base_url: str, instruction: str, tools: list[dict], execute, max_turns: int = 8, edit_history: bool = False) -> None:
     """A plain agent loop over the official SDK (no toolgym in it): tools run through `execute`."""
     from openai import OpenAI
 
@@ -164,8 +163,7 @@ def test_bad_requests_get_clear_errors(tiny):
         assert r.status_code == 400 and "non-empty list" in r.json()["error"]["message"]
         r = httpx.post(f"{endpoint.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 400 and "X-Toolgym-Episode" in r.json()["error"]["message"]
-        r = httpx.post(f"{endpoint.url}/episodes/nope/v1/chat/completions",
-                       json={"messages": [{"role": "user", "content": "x"}]})
+        r = httpx.post(f"{endpoint.url}/episodes/nope/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 400 and "no open episode" in r.json()["error"]["message"]
         r = httpx.post(f"{url}/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True})
         assert r.status_code == 400 and "streaming" in r.json()["error"]["message"]
@@ -188,9 +186,27 @@ def test_toolgym_serve_records_an_episode_closed_over_http(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "toolgym.cli", "serve", "--policy", "tiny", "--port", str(port),
-                             "--out", str(tmp_path), "--max-new-tokens", "8", "--dtype", "fp32"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolgym.cli",
+            "serve",
+            "--policy",
+            "tiny",
+            "--port",
+            str(port),
+            "--out",
+            str(tmp_path),
+            "--max-new-tokens",
+            "8",
+            "--dtype",
+            "fp32",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}/episodes/ep-1/v1"
         for _ in range(120):
@@ -199,8 +215,7 @@ def test_toolgym_serve_records_an_episode_closed_over_http(tmp_path):
                 break
             except httpx.TransportError:
                 time.sleep(0.5)
-        reply = OpenAI(base_url=base, api_key="x").chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hello"}])
+        reply = OpenAI(base_url=base, api_key="x").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}])
         assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens > 0
         assert httpx.post(f"http://127.0.0.1:{port}/episodes/ep-1/close", json={"reward": 1.0}).json() == {"trajectories": 1}
         row = json.loads((tmp_path / "trajectories.jsonl").read_text().splitlines()[0])
@@ -208,8 +223,21 @@ def test_toolgym_serve_records_an_episode_closed_over_http(tmp_path):
         # the same endpoint serves an evaluation run by toolgym's own OpenAI client
         from conftest import run_cli
 
-        res = run_cli("eval", "--policy", f"openai:http://127.0.0.1:{port}/episodes/eval/v1#tiny", "--suite", "records",
-                      "--tasks", "2", "--concurrency", "1", "--max-turns", "2", "--out", str(tmp_path / "eval"))
+        res = run_cli(
+            "eval",
+            "--policy",
+            f"openai:http://127.0.0.1:{port}/episodes/eval/v1#tiny",
+            "--suite",
+            "records",
+            "--tasks",
+            "2",
+            "--concurrency",
+            "1",
+            "--max-turns",
+            "2",
+            "--out",
+            str(tmp_path / "eval"),
+        )
         assert res.returncode == 0, res.stderr[-500:]
         assert json.loads((tmp_path / "eval" / "report.json").read_text())["overall"]["episodes"] == 2
     finally:

@@ -45,9 +45,16 @@ def test_same_seed_same_episode_in_process(records_env):
 
 def test_same_seed_same_episode_across_processes():
     code = "from toolgym.envs.checker import episode_trace_hash as h; print(h('records-v0', 3))"
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": str(s), "PATH": "/usr/bin:/bin"}).stdout.strip()
-            for s in (1, 2)}
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(s), "PATH": "/usr/bin:/bin"},
+        ).stdout.strip()
+        for s in (1, 2)
+    }
     assert outs == {episode_trace_hash("records-v0", 3)}
 
 
@@ -68,8 +75,11 @@ def test_oracle_solves_and_other_answers_fail(records_env):
         reward, terminated, _ = run_episode(records_env, task, [c.to_text() for c in task.oracle])
         assert terminated and reward == 1.0, task.id
     task = records_env.tasks[0]
-    reward, _, _ = run_episode(records_env, task, [c.to_text() for c in task.oracle[:-1]] + [
-        toolgym.ToolCall(name="answer", arguments={"text": "nobody"}).to_text()])
+    reward, _, _ = run_episode(
+        records_env,
+        task,
+        [c.to_text() for c in task.oracle[:-1]] + [toolgym.ToolCall(name="answer", arguments={"text": "nobody"}).to_text()],
+    )
     assert reward == 0.0
 
 

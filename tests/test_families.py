@@ -37,8 +37,7 @@ def test_code_repair_heldout_uses_unseen_templates():
     held = {t.metadata["template"] for t in s.split("held-out")}
     assert train and held and not (train & held)
     kinds = {t.metadata["bug"] for t in s}
-    assert {"off_by_one", "wrong_operator", "wrong_base_case", "swapped_arguments", "wrong_comparison",
-            "missing_edge_case"} <= kinds
+    assert {"off_by_one", "wrong_operator", "wrong_base_case", "swapped_arguments", "wrong_comparison", "missing_edge_case"} <= kinds
     assert {t.difficulty for t in s} >= {1, 2, 3}
 
 
@@ -65,7 +64,7 @@ def test_every_oracle_passes_and_doing_nothing_fails(backend, suite, env_id):
     episode is also played in a container (the other final states come from bwrap episodes:
     they do not depend on the backend)."""
     every = builtin_suite(suite).tasks
-    tasks = every[::DOCKER_STRIDE] if backend == "docker" else every[min(1, STRIDE - 1)::STRIDE]
+    tasks = every[::DOCKER_STRIDE] if backend == "docker" else every[min(1, STRIDE - 1) :: STRIDE]
     config = SandboxConfig(backend=backend)
     submit = [toolgym.ToolCall(name="submit")]
 

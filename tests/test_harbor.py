@@ -6,12 +6,12 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+from conftest import run_cli
 
 import toolgym
-from conftest import run_cli
 from toolgym.tasks import builtin_suite
-from toolgym.verifiers.harbor_export import ExportError, export_task, run_trial
 from toolgym.tasks.mined import load_mined_suite
+from toolgym.verifiers.harbor_export import ExportError, export_task, run_trial
 
 
 def test_export_writes_harbors_layout(tmp_path):
@@ -22,16 +22,16 @@ def test_export_writes_harbors_layout(tmp_path):
     config = tomllib.loads((out / "task.toml").read_text())
     assert config["metadata"]["toolgym_task_id"] == task.id and config["verifier"]["timeout_sec"] > 0
     assert (out / "instruction.md").read_text().strip() == task.instruction.strip()
-    assert {p.relative_to(out / "environment" / "workspace").as_posix()
-            for p in (out / "environment" / "workspace").rglob("*") if p.is_file()} == set(task.workspace)
+    assert {
+        p.relative_to(out / "environment" / "workspace").as_posix() for p in (out / "environment" / "workspace").rglob("*") if p.is_file()
+    } == set(task.workspace)
     # everything hidden is under tests/, which Harbor uploads only after the agent ends
     assert "check.py" not in {p.name for p in (out / "environment").rglob("*")}
 
 
 @pytest.mark.parametrize("source", ["shell-ops", "mined"])
 def test_exported_grader_scores_the_oracle_1_and_the_untouched_task_0(tmp_path, mined, source):
-    tasks = (builtin_suite("shell-ops").split("held-out").tasks[:1] if source == "shell-ops"
-             else load_mined_suite(mined[0]).tasks[:1])
+    tasks = builtin_suite("shell-ops").split("held-out").tasks[:1] if source == "shell-ops" else load_mined_suite(mined[0]).tasks[:1]
     for task in tasks:
         out = export_task(task, tmp_path / task.id)
         assert run_trial(out, oracle=True) == 1.0, task.id
@@ -50,7 +50,8 @@ def test_tasks_that_cannot_export_say_why(tmp_path):
     assert res.returncode == 0 and "wrote 3 Harbor tasks" in res.stdout
 
 
-def _play_oracle(task) -> "FinalState":
+def _play_oracle(task):
+    """The oracle's final state (a `FinalState`) for `task`."""
     from toolgym.verifiers import FinalState
 
     env = toolgym.make(task.env_id, tasks=[task]).unwrapped
@@ -71,8 +72,7 @@ def test_a_round_trip_gives_the_same_verdicts(tmp_path, mined, source):
     from toolgym.tasks import TaskSuite
     from toolgym.verifiers import FinalState, verifier_for
 
-    originals = (builtin_suite("shell-ops").split("held-out").tasks[1:2] if source == "shell-ops"
-                 else load_mined_suite(mined[0]).tasks[:1])
+    originals = builtin_suite("shell-ops").split("held-out").tasks[1:2] if source == "shell-ops" else load_mined_suite(mined[0]).tasks[:1]
     for task in originals:
         export_task(task, tmp_path / "out" / task.id)
     imported = {t.metadata["toolgym_task_id"]: t for t in TaskSuite.load(tmp_path / "out").tasks}
@@ -83,8 +83,7 @@ def test_a_round_trip_gives_the_same_verdicts(tmp_path, mined, source):
         fix = _play_oracle(original)
         for state, want in ((_play_oracle(back), True), (FinalState(), False)):
             assert verifier_for(back).verify(back, state).passed is want
-        assert verifier_for(original).verify(original, fix).passed and not verifier_for(original).verify(
-            original, FinalState()).passed
+        assert verifier_for(original).verify(original, fix).passed and not verifier_for(original).verify(original, FinalState()).passed
 
 
 def test_import_refuses_environments_toolgyms_image_cannot_provide(tmp_path):
@@ -93,8 +92,7 @@ def test_import_refuses_environments_toolgyms_image_cannot_provide(tmp_path):
     import shutil
 
     shutil.copytree(good, bad)
-    (bad / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nRUN pip install numpy\n"
-                                                    "COPY workspace/ /workspace/\n")
+    (bad / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nRUN pip install numpy\nCOPY workspace/ /workspace/\n")
     res = run_cli("tasks", "import", str(tmp_path / "tasks"))
     assert res.returncode == 0 and "1 Harbor tasks import" in res.stdout and "1 cannot" in res.stdout
     assert "needs-registry" in res.stdout and "python:3.11-slim" in res.stdout and "needs a registry" in res.stdout

@@ -1,8 +1,8 @@
-"""The process gives freed memory back to the OS (`harness/host_memory.py`)."""
+"""The process gives freed memory back to the OS (`inference/host_memory.py`)."""
 
 from __future__ import annotations
 
-from toolgym.harness.host_memory import peak_resident_gb, release_memory, resident_gb
+from toolgym.inference.host_memory import peak_resident_gb, release_memory, resident_gb
 
 
 def test_release_memory_returns_freed_heap_memory_to_the_os():

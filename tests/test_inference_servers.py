@@ -16,21 +16,36 @@ import torch
 
 import toolgym
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.policy import current_episode
-from toolgym.harness.protocol_server import ProtocolServer
 from toolgym.harness.rollout import sampling_seed
-from toolgym.harness.sglang_client import SGLangPolicy
-from toolgym.harness.weight_sync import WeightBroadcaster
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.inference.policy import current_episode
+from toolgym.inference.protocol_server import ProtocolServer
+from toolgym.inference.sglang_client import SGLangPolicy
+from toolgym.inference.weight_sync import WeightBroadcaster
 from toolgym.tasks import builtin_suite
 from toolgym.verifiers import Outcome
 
 
 def start_servers(model_dir: str, n: int, delay_ms: float = 0.0, ports: list[int] | None = None):
     """`n` protocol servers as processes; returns (processes, urls) once all listen."""
-    procs = [subprocess.Popen([sys.executable, "-m", "toolgym.harness.protocol_server", model_dir,
-                               "--delay-ms", str(delay_ms), "--port", str(ports[i] if ports else 0)],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(n)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "toolgym.inference.protocol_server",
+                model_dir,
+                "--delay-ms",
+                str(delay_ms),
+                "--port",
+                str(ports[i] if ports else 0),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for i in range(n)
+    ]
     urls = []
     for p in procs:
         line = p.stdout.readline()
@@ -51,11 +66,11 @@ def test_episodes_stick_to_one_server_and_spread_over_both(tiny_policy):
     with ProtocolServer(tiny_policy) as a, ProtocolServer(tiny_policy) as b:
         policy = SGLangPolicy([a.url, b.url])
         agent = TokenAgent(policy, tiny_policy.tokenizer, SamplingParams(max_new_tokens=24))
-        runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, group_size=2, progress=False,
-                               limits=RolloutLimits(max_turns=3))
+        runner = RolloutRunner(
+            lambda: toolgym.make("records-v0").unwrapped, agent, group_size=2, progress=False, limits=RolloutLimits(max_turns=3)
+        )
         trajs = runner.run(tasks, seed=5)
-        server_of_seed = {r["sampling_params"]["sampling_seed"]: name for name, srv in (("a", a), ("b", b))
-                          for r in srv.requests}
+        server_of_seed = {r["sampling_params"]["sampling_seed"]: name for name, srv in (("a", a), ("b", b)) for r in srv.requests}
     by_episode = defaultdict(set)
     for t in trajs:
         assert t.outcome != Outcome.INFRA_ERROR, t.error
@@ -100,8 +115,9 @@ def test_server_lost_mid_batch_fails_its_turns_and_the_batch_goes_on(tiny_dir):
         tok = HFPolicy(tiny_dir, device="cpu").tokenizer
         policy = SGLangPolicy(urls, retries=2, backoff_s=0.05, probe_interval_s=0.5)
         agent = TokenAgent(policy, tok, SamplingParams(max_new_tokens=16))
-        runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, agent, group_size=2, progress=False,
-                               limits=RolloutLimits(max_turns=4))
+        runner = RolloutRunner(
+            lambda: toolgym.make("records-v0").unwrapped, agent, group_size=2, progress=False, limits=RolloutLimits(max_turns=4)
+        )
         tasks = builtin_suite("records").tasks[:6]
 
         async def batch():

@@ -15,12 +15,22 @@ from toolgym.sandbox import SandboxConfig, SandboxInfraError, make_sandbox
 from toolgym.tasks import HiddenSpec, Task, ToolCall
 from toolgym.verifiers import Outcome
 
-TASK = Task(env_id="toolgym/shell-ops-v0", instruction="Create done.txt.", family="infra-test",
-            workspace={"a.txt": "a\n"},
-            hidden=HiddenSpec(kind="state", files={"check.py": (
+TASK = Task(
+    env_id="toolgym/shell-ops-v0",
+    instruction="Create done.txt.",
+    family="infra-test",
+    workspace={"a.txt": "a\n"},
+    hidden=HiddenSpec(
+        kind="state",
+        files={
+            "check.py": (
                 "import json, os, sys\nopen(sys.argv[1], 'w').write(json.dumps({'name': 'done', "
-                "'passed': os.path.exists('done.txt')}) + '\\n')\n")}),
-            oracle=(ToolCall(name="bash", arguments={"command": "touch done.txt"}), ToolCall(name="submit")))
+                "'passed': os.path.exists('done.txt')}) + '\\n')\n"
+            )
+        },
+    ),
+    oracle=(ToolCall(name="bash", arguments={"command": "touch done.txt"}), ToolCall(name="submit")),
+)
 
 
 def bash(cmd):
@@ -52,8 +62,7 @@ def run_one(backend, actions, during=None):
 
 
 def test_sandbox_killed_mid_episode_is_infra_error(backend):
-    traj = run_one(backend, [bash("sleep 3; touch done.txt"), ToolCall(name="submit").to_text()],
-                   during=lambda env: env.sandbox.close())
+    traj = run_one(backend, [bash("sleep 3; touch done.txt"), ToolCall(name="submit").to_text()], during=lambda env: env.sandbox.close())
     assert traj.outcome == Outcome.INFRA_ERROR, (traj.outcome, traj.error)
     assert "closed" in traj.error
 
@@ -82,8 +91,7 @@ def test_cached_helper_removed_mid_run_is_infra_error(private_wrapper):
     def remove_helper(env):
         os.rename(private_wrapper, private_wrapper + ".away")
 
-    traj = run_one("bwrap", [bash("sleep 1"), bash("touch done.txt"), ToolCall(name="submit").to_text()],
-                   during=remove_helper)
+    traj = run_one("bwrap", [bash("sleep 1"), bash("touch done.txt"), ToolCall(name="submit").to_text()], during=remove_helper)
     # the episode's own sandbox holds its binds (its resident init keeps running), so the next
     # sandbox to start, the grader's, is the one that fails: still ours, never the agent's
     assert traj.outcome == Outcome.INFRA_ERROR, (traj.outcome, traj.error)
@@ -96,7 +104,7 @@ def test_agent_errors_stay_agent_errors(backend):
     env = toolgym.make("shell-ops-v0", sandbox={"backend": backend}).unwrapped
     try:
         env.reset(options={"task": TASK})
-        obs, *_ , info = env.step(ToolCall(name="read_file", arguments={"path": "missing.txt"}).to_text())
+        obs, *_, info = env.step(ToolCall(name="read_file", arguments={"path": "missing.txt"}).to_text())
         assert "Error" in obs and info["errors"]["tool_error"] == 1
         obs, *_ = env.step(bash("exit 3"))
         assert "exit code 3" in obs
@@ -113,7 +121,7 @@ def test_exhausted_container_is_reset_to_a_working_state():
         env.reset(options={"task": TASK})  # same task: reset() (or a replacement) must give a working sandbox
         obs, *_ = env.step(bash("echo alive; ls /proc | grep -c '^[0-9]'"))
         assert "alive" in obs
-        procs = env.sandbox.exec("for p in /proc/[0-9]*; do read -r s < $p/stat; echo \"${s##*) }\"; done").stdout
+        procs = env.sandbox.exec('for p in /proc/[0-9]*; do read -r s < $p/stat; echo "${s##*) }"; done').stdout
         assert not any(line.startswith("Z") for line in procs.splitlines())  # no zombie survived the reset
     finally:
         env.close()
@@ -124,7 +132,7 @@ def test_no_defunct_process_after_a_burst_and_reset():
     try:
         box.exec("for i in $(seq 40); do (sleep 0.05 &) ; done; sleep 0.5")
         box.reset()
-        states = box.exec("for p in /proc/[0-9]*; do read -r s < $p/stat; echo \"${s##*) }\"; done").stdout
+        states = box.exec('for p in /proc/[0-9]*; do read -r s < $p/stat; echo "${s##*) }"; done').stdout
         assert states and not any(line.startswith("Z") for line in states.splitlines())
     finally:
         box.close()

@@ -54,9 +54,14 @@ def test_the_judge_holds_no_agent_file(config):
     """The judge's directory holds what the grader wrote, whatever the agent's workspace had."""
     task = builtin_suite("code-repair").tasks[0]
     service = judge_service(config)
-    seen = service.judge({"test_list.py": "import os\n\ndef test_list():\n    print(sorted(os.listdir('.')))\n"
-                                          "    assert sorted(os.listdir('.')) == ['output.txt', 'pytest.ini', 'test_list.py']\n",
-                          "pytest.ini": "[pytest]\n"}, 30)
+    seen = service.judge(
+        {
+            "test_list.py": "import os\n\ndef test_list():\n    print(sorted(os.listdir('.')))\n"
+            "    assert sorted(os.listdir('.')) == ['output.txt', 'pytest.ini', 'test_list.py']\n",
+            "pytest.ini": "[pytest]\n",
+        },
+        30,
+    )
     assert seen.exit_code == 0, seen.output
     files = sorted(p.name for p in service.host_dir.iterdir())
     assert files == [".judge"], files  # the job's directory is gone after the judgement
@@ -67,10 +72,15 @@ def test_a_conftest_that_adds_options_still_gets_them(config):
     """The server keeps pytest's argument parser between parses; a conftest adding an option
     must still see it parsed (the kept parser is rebuilt), and fixtures stay available."""
     service = judge_service(config)
-    seen = service.judge({"conftest.py": "def pytest_addoption(parser):\n    parser.addoption('--flavour', default='plain')\n",
-                          "test_opt.py": "def test_opt(request):\n    assert request.config.getoption('flavour') == 'plain'\n\n"
-                                         "def test_fixtures(tmp_path, monkeypatch, capsys):\n    print('hi')\n"
-                                         "    assert capsys.readouterr().out == 'hi\\n' and tmp_path.is_dir()\n",
-                          "pytest.ini": "[pytest]\n"}, 30)
+    seen = service.judge(
+        {
+            "conftest.py": "def pytest_addoption(parser):\n    parser.addoption('--flavour', default='plain')\n",
+            "test_opt.py": "def test_opt(request):\n    assert request.config.getoption('flavour') == 'plain'\n\n"
+            "def test_fixtures(tmp_path, monkeypatch, capsys):\n    print('hi')\n"
+            "    assert capsys.readouterr().out == 'hi\\n' and tmp_path.is_dir()\n",
+            "pytest.ini": "[pytest]\n",
+        },
+        30,
+    )
     assert seen.exit_code == 0, seen.output
     assert seen.junit is not None and seen.junit.count("<testcase") == 2

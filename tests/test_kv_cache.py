@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 
 import toolgym
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.kv_cache import BufferLayer, EpisodeKVStore, CachedEpisode
-from toolgym.harness.policy import SamplingParams
-from toolgym.harness.rollout import RolloutLimits, RolloutRunner
 from toolgym.harness.agents import TokenAgent
+from toolgym.harness.rollout import RolloutLimits, RolloutRunner
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.inference.kv_cache import BufferLayer, CachedEpisode, EpisodeKVStore
+from toolgym.inference.policy import SamplingParams
 from toolgym.tasks import builtin_suite
 
 
@@ -24,8 +24,7 @@ def _two_turns(policy: HFPolicy, keys):
     prompts = [head + torch.randint(10, vocab, (3 + 4 * i,), generator=gen).tolist() for i in range(4)]
     first = [SamplingParams(max_new_tokens=8, seed=i, stop_token_ids=(-1,)) for i in range(4)]
     out1 = policy.generate_batch(prompts, first, keys)
-    prompts2 = [p + g.token_ids + torch.randint(10, vocab, (5 + i,), generator=gen).tolist()
-                for i, (p, g) in enumerate(zip(prompts, out1))]
+    prompts2 = [p + g.token_ids + torch.randint(10, vocab, (5 + i,), generator=gen).tolist() for i, (p, g) in enumerate(zip(prompts, out1))]
     second = [SamplingParams(max_new_tokens=8, seed=50 + i, stop_token_ids=(-1,)) for i in range(4)]
     return prompts2, second, policy.generate_batch(prompts2, second, keys)
 
@@ -56,14 +55,18 @@ def test_changed_weights_are_never_served_from_the_cache(tiny_dir):
         assert fresh.generate_batch([prompt + [7]], [sampling])[0].token_ids == got.token_ids
 
 
-def _play_tiny(tiny_dir, tasks: int, seed: int, max_turns: int, max_new: int, concurrency: int,
-               group_size: int = 1, max_batch: int = 128):
+def _play_tiny(tiny_dir, tasks: int, seed: int, max_turns: int, max_new: int, concurrency: int, group_size: int = 1, max_batch: int = 128):
     """`tasks` records train tasks played by the tiny policy through the rollout runner: (policy, trajectories)."""
     policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32", max_batch=max_batch)
     agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=max_new, temperature=1.0))
-    runner = RolloutRunner(lambda env_id: toolgym.make(env_id).unwrapped, agent, group_size=group_size,
-                           concurrency=concurrency, progress=False,
-                           limits=RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new))
+    runner = RolloutRunner(
+        lambda env_id: toolgym.make(env_id).unwrapped,
+        agent,
+        group_size=group_size,
+        concurrency=concurrency,
+        progress=False,
+        limits=RolloutLimits(max_turns=max_turns, max_new_tokens_per_turn=max_new),
+    )
     try:
         return policy, runner.run(builtin_suite("records").split("train").tasks[:tasks], seed=seed)
     finally:
@@ -126,7 +129,7 @@ def test_buffer_layer_layouts_hold_the_same_cache():
 def test_grouped_query_attention_equals_sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from toolgym.harness.cpu_attention import grouped_query_attention
+    from toolgym.inference.cpu_attention import grouped_query_attention
 
     torch.manual_seed(0)
     module = torch.nn.Module()
@@ -135,8 +138,8 @@ def test_grouped_query_attention_equals_sdpa():
     q, k, v = torch.randn(2, 6, 1, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
     mask = torch.zeros(2, 1, 1, 10)
     mask[1, :, :, 7:] = torch.finfo(torch.float32).min  # padding: row 1 sees 7 keys
-    got, _ = grouped_query_attention(module, q, k, v, mask, scaling=8 ** -0.5)
-    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=8 ** -0.5)
+    got, _ = grouped_query_attention(module, q, k, v, mask, scaling=8**-0.5)
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=8**-0.5)
     assert got.shape == want.shape == (2, 1, 6, 8)
     assert torch.allclose(got, want, atol=1e-5)
 
@@ -160,7 +163,7 @@ def test_whole_buffer_decoding_generates_what_the_filled_columns_generate(tiny_d
     """The columns not yet written are masked (causality over the whole buffer), so attending
     over them changes nothing: same tokens and logprobs, rows of different lengths (left
     padding), sampled and across a cached second turn, in fp32 (SDPA) and bf16 (the CPU matmul
-    path, `harness/cpu_attention.py`)."""
+    path, `inference/cpu_attention.py`)."""
     for dtype, tolerance in (("fp32", 1e-4), ("bf16", 2e-2)):
         runs = []
         for share in (0.0, 1e-6):

@@ -9,7 +9,7 @@ import torch
 
 import toolgym
 from toolgym.harness.demonstrations import collect_demonstrations
-from toolgym.harness.hf_policy import HFPolicy
+from toolgym.inference.hf_policy import HFPolicy
 from toolgym.tasks import builtin_suite
 from toolgym.trainers.batching import TokenBatch, pack, sequence_logprobs
 from toolgym.trainers.learner import DEFAULT_TIS_CAP, LOSS_DEFAULTS, Learner, LearnerConfig, loss_settings
@@ -21,8 +21,9 @@ BUDGET = 64  # generation budget: Dr.GRPO's constant
 @pytest.fixture(scope="module")
 def demo_batch(tiny_dir):
     policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
-    demos = collect_demonstrations(builtin_suite("records").split("train").tasks[:6], policy.tokenizer,
-                                   lambda *a: toolgym.make("records-v0").unwrapped, progress=False)
+    demos = collect_demonstrations(
+        builtin_suite("records").split("train").tasks[:6], policy.tokenizer, lambda *a: toolgym.make("records-v0").unwrapped, progress=False
+    )
     return pack(demos, ADVANTAGES, policy.pad_id)
 
 
@@ -83,8 +84,7 @@ def _hand_grads(tiny_dir, batch, loss, agg, weights=None):
 @pytest.mark.parametrize("loss", ["ppo", "gspo", "cispo"])
 def test_each_loss_and_aggregation_matches_the_paper_over_micro_batches(tiny_dir, demo_batch, loss, agg):
     whole = _hand_grads(tiny_dir, demo_batch, loss, agg)
-    split, _, learner = _learner_grads(tiny_dir, demo_batch, LearnerConfig(loss=loss, agg=agg, token_budget=600,
-                                                                            grad_clip=1e9))
+    split, _, learner = _learner_grads(tiny_dir, demo_batch, LearnerConfig(loss=loss, agg=agg, token_budget=600, grad_clip=1e9))
     assert learner.last_micro_batches >= 3  # the batch really was split
     assert whole.abs().max() > 0
     assert torch.allclose(split, whole, atol=1e-6, rtol=1e-4)
@@ -92,8 +92,7 @@ def test_each_loss_and_aggregation_matches_the_paper_over_micro_batches(tiny_dir
 
 def test_clip_ranges_default_to_each_papers():
     assert loss_settings(LearnerConfig(loss="ppo")) == {"eps_low": 0.2, "eps_high": 0.28, "agg": "token-mean"}
-    assert loss_settings(LearnerConfig(loss="gspo")) == {"eps_low": 3e-4, "eps_high": 4e-4,
-                                                         "agg": "seq-mean-token-mean"}
+    assert loss_settings(LearnerConfig(loss="gspo")) == {"eps_low": 3e-4, "eps_high": 4e-4, "agg": "seq-mean-token-mean"}
     assert loss_settings(LearnerConfig(loss="cispo"))["eps_low"] is None  # no lower clip on the IS weight
     assert loss_settings(LearnerConfig(loss="gspo", eps_high=1e-3))["eps_high"] == 1e-3  # a user's value wins
 
@@ -136,8 +135,7 @@ def test_a_stale_batch_is_corrected_by_truncated_importance_weights(tiny_dir, de
     assert m_fresh["logprob_gap_mean"] < 1e-5 and m_fresh["mismatch_kl"] < 1e-8
     assert m_stale["logprob_gap_mean"] > 1e-3 and m_stale["mismatch_kl"] > 0 and m_stale["tis_cap"] == DEFAULT_TIS_CAP
     on = demo_batch.mask.bool()
-    assert m_stale["tis_truncated_frac"] == pytest.approx(float((torch.exp(fresh_logp - stale_logp)[on] > 2).double().mean()),
-                                                          abs=1e-6)
+    assert m_stale["tis_truncated_frac"] == pytest.approx(float((torch.exp(fresh_logp - stale_logp)[on] > 2).double().mean()), abs=1e-6)
 
 
 def test_tis_is_off_on_policy_and_on_off_policy_by_default(tiny_dir):
@@ -151,8 +149,9 @@ def test_the_sft_anchor_adds_its_coefficient_times_the_demonstrations_nll(tiny_d
     """PPO-ptx: the anchored update's gradient is the policy loss's plus coef x the token-mean
     NLL of the demonstrations, whatever the micro-batch split; without the anchor it is the
     policy loss's alone."""
-    anchor = TokenBatch(demo_batch.input_ids[3:], demo_batch.attention[3:], demo_batch.mask[3:],
-                        demo_batch.rollout_logp[3:], torch.zeros(3))  # three of the rows, as demonstrations
+    anchor = TokenBatch(
+        demo_batch.input_ids[3:], demo_batch.attention[3:], demo_batch.mask[3:], demo_batch.rollout_logp[3:], torch.zeros(3)
+    )  # three of the rows, as demonstrations
     policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
     logp, _ = sequence_logprobs(policy.model, demo_batch.input_ids, demo_batch.attention)
     pg = _hand_loss(logp, demo_batch, "ppo", "token-mean", 0.2, 0.28)
@@ -179,8 +178,9 @@ def test_with_advantage_none_an_anchored_update_is_the_anchor_alone(tiny_dir, de
     without gradient, so the update is coef x the demonstrations' NLL gradient, nothing else."""
     from toolgym.trainers import core_algos as ca
 
-    anchor = TokenBatch(demo_batch.input_ids[3:], demo_batch.attention[3:], demo_batch.mask[3:],
-                        demo_batch.rollout_logp[3:], torch.zeros(3))
+    anchor = TokenBatch(
+        demo_batch.input_ids[3:], demo_batch.attention[3:], demo_batch.mask[3:], demo_batch.rollout_logp[3:], torch.zeros(3)
+    )
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0][: len(demo_batch.advantages)])
     zero = ca.ADVANTAGES["none"](rewards, torch.zeros(len(rewards), dtype=torch.long))
     ablated = TokenBatch(demo_batch.input_ids, demo_batch.attention, demo_batch.mask, demo_batch.rollout_logp, zero)
@@ -208,8 +208,9 @@ def test_mini_batches_reuse_the_logprobs_from_before_any_update_whatever_the_spl
     results = []
     for budget in (600, 1_600, 100_000):
         policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
-        learner = Learner(policy.model, LearnerConfig(lr=1e-2, updates_per_batch=2, token_budget=budget,
-                                                      grad_clip=1e9), generation_budget=BUDGET)
+        learner = Learner(
+            policy.model, LearnerConfig(lr=1e-2, updates_per_batch=2, token_budget=budget, grad_clip=1e9), generation_budget=BUDGET
+        )
         metrics = learner.rl_step(demo_batch)
         assert metrics["ratio_max"] > 1 + 1e-3 or metrics["ratio_min"] < 1 - 1e-3
         results.append((metrics, torch.cat([p.detach().flatten() for p in policy.model.parameters()])))

@@ -47,8 +47,7 @@ def test_the_wall_clock_watchdog_is_infra_never_the_agents_failure():
     trajs = _runner(_SlowAgent(), limits=RolloutLimits(max_turns=4, watchdog_s=0.3)).run(tasks)
     assert {t.outcome for t in trajs} == {Outcome.INFRA_ERROR}
     assert {t.limit_hit for t in trajs} == {"watchdog"}
-    report = evaluate(trajs, [1], policy="slow", suite="records", suite_version="1", split="held-out", seed=0,
-                      samples_per_task=1)
+    report = evaluate(trajs, [1], policy="slow", suite="records", suite_version="1", split="held-out", seed=0, samples_per_task=1)
     assert report.overall.pass_at["1"].tasks == 0  # excluded from pass@k, not counted as failures
     assert report.overall.limits_hit == {"watchdog": 2}
 
@@ -65,8 +64,7 @@ def saturated_cores():
 
 def _greedy_eval(policy, tasks, watchdog_s):
     agent = TokenAgent(policy, policy.tokenizer, SamplingParams(max_new_tokens=24, temperature=0.0))
-    return _runner(agent, concurrency=8,
-                   limits=RolloutLimits(max_turns=3, max_new_tokens_per_turn=24, watchdog_s=watchdog_s)).run(tasks)
+    return _runner(agent, concurrency=8, limits=RolloutLimits(max_turns=3, max_new_tokens_per_turn=24, watchdog_s=watchdog_s)).run(tasks)
 
 
 def test_an_evaluation_on_saturated_cores_grades_what_an_idle_machine_grades(tiny_policy, saturated_cores):
@@ -96,32 +94,49 @@ def test_an_answer_cut_by_the_turn_token_cap_is_reported_as_a_limit(tiny_policy)
 
     def run(tokens):
         agent = TokenAgent(tiny_policy, tiny_policy.tokenizer, SamplingParams(max_new_tokens=tokens, temperature=0.0))
-        return RolloutRunner(lambda: toolgym.make("bfcl-v0").unwrapped, agent, progress=False,
-                             limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=tokens)).run(tasks)
+        return RolloutRunner(
+            lambda: toolgym.make("bfcl-v0").unwrapped,
+            agent,
+            progress=False,
+            limits=RolloutLimits(max_turns=1, max_new_tokens_per_turn=tokens),
+        ).run(tasks)
 
     short = run(3)
     assert all(t.outcome != Outcome.TRUNCATED for t in short)  # the episode ended; the turn was cut
     assert {t.limit_hit for t in short if t.turns[0].new_tokens == 3} == {"turn_tokens"}
     assert all(t.limit_hit is None for t in short if t.turns[0].new_tokens < 3)
-    report = evaluate(short, [1], policy="tiny", suite="bfcl", suite_version="1", split="held-out", seed=0,
-                      samples_per_task=1)
+    report = evaluate(short, [1], policy="tiny", suite="bfcl", suite_version="1", split="held-out", seed=0, samples_per_task=1)
     assert report.overall.limits_hit == {"turn_tokens": sum(t.turns[0].new_tokens == 3 for t in short)} != {}
 
 
 def _traj(task, outcome, answer=None, logp=-1.0, sample=0):
-    return Trajectory(task_id=task, group_id=task, sample_index=sample, seed=0, policy="p", env_id="e", family="f",
-                      outcome=outcome, answer=answer, reward=float(outcome == Outcome.PASSED),
-                      segments=[Segment(kind="policy", token_ids=[1, 2], logprobs=[logp, logp])])
+    return Trajectory(
+        task_id=task,
+        group_id=task,
+        sample_index=sample,
+        seed=0,
+        policy="p",
+        env_id="e",
+        family="f",
+        outcome=outcome,
+        answer=answer,
+        reward=float(outcome == Outcome.PASSED),
+        segments=[Segment(kind="policy", token_ids=[1, 2], logprobs=[logp, logp])],
+    )
 
 
 def test_best_of_n_and_majority_vote_beside_pass_at_k():
     P, F = Outcome.PASSED, Outcome.FAILED
     trajs = [  # task a: the confident sample passes, the majority ("x") fails
-        _traj("a", P, "y", -0.1, 0), _traj("a", F, "x", -2.0, 1), _traj("a", F, "x", -3.0, 2),
+        _traj("a", P, "y", -0.1, 0),
+        _traj("a", F, "x", -2.0, 1),
+        _traj("a", F, "x", -3.0, 2),
         # task b: the confident sample fails, the majority ("z") passes
-        _traj("b", F, "w", -0.1, 0), _traj("b", P, "z", -2.0, 1), _traj("b", P, "z", -3.0, 2)]
-    report = evaluate(trajs, [1, 3], policy="p", suite="s", suite_version="1", split="held-out", seed=0,
-                      samples_per_task=3)
+        _traj("b", F, "w", -0.1, 0),
+        _traj("b", P, "z", -2.0, 1),
+        _traj("b", P, "z", -3.0, 2),
+    ]
+    report = evaluate(trajs, [1, 3], policy="p", suite="s", suite_version="1", split="held-out", seed=0, samples_per_task=3)
     assert report.overall.best_of_n.value == pytest.approx(0.5)  # a passes, b fails
     assert report.overall.majority_vote.value == pytest.approx(0.5)  # a fails, b passes
     assert report.overall.pass_at["3"].value == 1.0
@@ -141,8 +156,23 @@ def test_eval_cli_records_its_budget(tmp_path):
     from conftest import run_cli
 
     out = tmp_path / "ev"
-    result = run_cli("eval", "--policy", "oracle", "--suite", "records", "--tasks", "3", "--out", str(out),
-                     "--max-new-tokens", "48", "--max-total-tokens", "1024", "--temperature", "0")
+    result = run_cli(
+        "eval",
+        "--policy",
+        "oracle",
+        "--suite",
+        "records",
+        "--tasks",
+        "3",
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "48",
+        "--max-total-tokens",
+        "1024",
+        "--temperature",
+        "0",
+    )
     assert result.returncode == 0, result.stderr
     import json
 
@@ -186,8 +216,22 @@ def test_compare_cli_warns_loudly_on_different_budgets(tmp_path):
     from conftest import run_cli
 
     for name, tokens in (("a", "1024"), ("b", "2048")):
-        assert run_cli("eval", "--policy", "oracle", "--suite", "records", "--tasks", "3", "--out",
-                       str(tmp_path / name), "--max-total-tokens", tokens).returncode == 0
+        assert (
+            run_cli(
+                "eval",
+                "--policy",
+                "oracle",
+                "--suite",
+                "records",
+                "--tasks",
+                "3",
+                "--out",
+                str(tmp_path / name),
+                "--max-total-tokens",
+                tokens,
+            ).returncode
+            == 0
+        )
     result = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"))
     assert result.returncode == 0, result.stderr
     assert "WARNING" in result.stdout and "max_total_tokens: 1024 vs 2048" in result.stdout
@@ -216,16 +260,31 @@ def test_a_bf16_sampling_copy_gets_the_trained_weights_and_tis_corrects_it(tmp_p
     from toolgym.trainers.campaign import Campaign
     from toolgym.trainers.config import load_config
 
-    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
-        "model": {"init": "tiny", "rollout_dtype": "bf16"}, "sft": {"steps": 0},
-        "rl": {"steps": 1, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False, "dynamic_sampling": 0,
-               "learner": {"lr": 1e-3, "token_budget": 4096}}})))
+    cfg = load_config(
+        _write(
+            tmp_path,
+            _small_config(
+                tmp_path,
+                {
+                    "model": {"init": "tiny", "rollout_dtype": "bf16"},
+                    "sft": {"steps": 0},
+                    "rl": {
+                        "steps": 1,
+                        "tasks_per_step": 2,
+                        "group_size": 2,
+                        "drop_zero_variance": False,
+                        "dynamic_sampling": 0,
+                        "learner": {"lr": 1e-3, "token_budget": 4096},
+                    },
+                },
+            ),
+        )
+    )
     campaign = Campaign(cfg, progress=False)
     assert campaign._copy is not None and campaign._copy.policy.dtype == torch.bfloat16
     assert campaign.learner.off_policy and campaign.learner.tis_cap() == 2.0
     campaign.run()
-    train = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(x)["kind"] == "train"]
+    train = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if json.loads(x)["kind"] == "train"]
     assert train[0]["tis_cap"] == 2.0 and train[0]["logprob_gap_mean"] > 0  # bf16 sampling vs fp32 training
     trained = dict(campaign.policy.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]
     served = dict(campaign._copy.policy.model.named_parameters())["model.layers.0.mlp.down_proj.weight"]

@@ -106,8 +106,7 @@ def test_an_episode_cut_by_the_turn_limit_still_records_the_servers_side_effects
 
 def test_a_server_that_cannot_start_is_an_infra_error_that_says_why():
     task = _task()
-    broken = task.model_copy(update={"data": {"mcp_server": {"command": "python3 -c 'import sys; "
-                                                                        "sys.exit(\"no database\")'"}}})
+    broken = task.model_copy(update={"data": {"mcp_server": {"command": "python3 -c 'import sys; sys.exit(\"no database\")'"}}})
     env = toolgym.make("mcp-inventory-v0").unwrapped
     try:
         with pytest.raises(InfraError, match="did not start: it exited with code 1: no database"):
@@ -148,6 +147,5 @@ def test_no_bridge_process_outlives_the_environment():
     env.reset(options={"task": _task()})
     env.step(_call("list_items"))
     env.close()
-    children = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(os.getpid())], capture_output=True,
-                              text=True).stdout
+    children = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(os.getpid())], capture_output=True, text=True).stdout
     assert "cat" not in children and "bridge" not in children, children

@@ -10,8 +10,9 @@ import pytest
 from conftest import run_cli
 from mining_fixture import build_sdist
 
-from toolgym.mining.miner import MineOptions, mine_project
+from toolgym.mining.miner import MineOptions
 from toolgym.mining.mutate import OPERATORS, mutants
+from toolgym.mining.run import mine_project
 from toolgym.mining.testfiles import grading_copy, without_tests
 from toolgym.sandbox import SandboxConfig
 from toolgym.tasks import TaskLoadError, TaskSuite
@@ -57,8 +58,9 @@ def test_oracle_passes_and_the_unfixed_workspace_fails(mined, backend):
         # the unfixed code differs from the pristine one exactly on the inputs mined as telling
         differing = {t.name.split("::", 1)[1] for t in bad.tests if not t.passed and t.name.startswith("differential::")}
         assert differing == {c.id for c in task.hidden.differential if c.distinguishes}
-        assert {t.name for t in good.tests if t.name.startswith("differential::")} == \
-            {f"differential::{c.id}" for c in task.hidden.differential}
+        assert {t.name for t in good.tests if t.name.startswith("differential::")} == {
+            f"differential::{c.id}" for c in task.hidden.differential
+        }
 
 
 def test_the_instruction_reports_the_failure_not_the_diff(mined):
@@ -85,8 +87,9 @@ def test_mining_is_deterministic_for_a_seed_and_resumes(tmp_path):
     sdist = build_sdist(tmp_path / "sdists")
     opts = MineOptions(max_tasks=3, max_tries=12, backends=("bwrap",), workers=2)
     first = mine_project(str(sdist), "train", tmp_path / "a", opts, log=lambda m: None)
-    serial = mine_project(str(sdist), "train", tmp_path / "b",
-                          MineOptions(max_tasks=3, max_tries=12, backends=("bwrap",), workers=1), log=lambda m: None)
+    serial = mine_project(
+        str(sdist), "train", tmp_path / "b", MineOptions(max_tasks=3, max_tries=12, backends=("bwrap",), workers=1), log=lambda m: None
+    )
     ids = lambda d: [json.loads(line)["id"] for line in (d / "tasks" / "tinytext-1.0.jsonl").read_text().splitlines()]
     assert ids(tmp_path / "a") == ids(tmp_path / "b") and len(ids(tmp_path / "a")) == first.kept == serial.kept
     messages: list[str] = []
@@ -97,9 +100,17 @@ def test_mining_is_deterministic_for_a_seed_and_resumes(tmp_path):
 def test_mutants_change_the_program_and_keep_the_rest_of_the_file():
     source = build_sdist.__globals__["SOURCE"]
     found = list(mutants("tinytext.py", source))
-    assert {m.operator for m in found} >= {"flip_comparison", "off_by_one", "negate_condition", "drop_statement",
-                                            "drop_branch", "change_constant", "wrong_default", "swap_operator",
-                                            "swap_arguments"}
+    assert {m.operator for m in found} >= {
+        "flip_comparison",
+        "off_by_one",
+        "negate_condition",
+        "drop_statement",
+        "drop_branch",
+        "change_constant",
+        "wrong_default",
+        "swap_operator",
+        "swap_arguments",
+    }
     for m in found:
         changed = [a for a, b in zip(source.splitlines(), m.text.splitlines()) if a != b]
         assert m.text != source and '"""Small text and number helpers."""' in m.text
@@ -113,8 +124,10 @@ def test_grading_copies_rename_select_and_add_sentinels():
     assert "clamp_low" not in copy.text and "test_mean" not in copy.text and "test_title(" not in copy.text
     names = list(copy.renamed.values()) + list(copy.sentinels)
     assert all(n.startswith("test_") and len(n) == 13 for n in names)  # one shape for every test
-    assert grading_copy(tests, {"test_clamp_low"}, {"test_clamp_low"}, seed=3).text == \
+    assert (
         grading_copy(tests, {"test_clamp_low"}, {"test_clamp_low"}, seed=3).text
+        == grading_copy(tests, {"test_clamp_low"}, {"test_clamp_low"}, seed=3).text
+    )
     trimmed = without_tests(tests, {"test_mean"})
     assert "def test_mean():" not in trimmed and "def test_mean_empty():" in trimmed
 
@@ -132,16 +145,16 @@ def test_a_broken_task_row_is_a_clear_load_error(mined, tmp_path):
 
 def test_mining_a_real_package_from_the_index(tmp_path):
     """A pinned sdist from PyPI (the one step that needs the network), mined into two tasks."""
-    report = mine_project("inflection==0.5.1", "held-out", tmp_path / "suite",
-                          MineOptions(max_tasks=2, max_tries=10, backends=("bwrap",)), log=lambda m: None)
+    report = mine_project(
+        "inflection==0.5.1", "held-out", tmp_path / "suite", MineOptions(max_tasks=2, max_tries=10, backends=("bwrap",)), log=lambda m: None
+    )
     assert report.kept == 2 and report.tests_passing > 400 and report.license == "MIT"
 
 
 def test_cli_mine_errors_are_one_line(tmp_path):
     res = run_cli("tasks", "mine")
     assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "--default" in res.stderr
-    res = run_cli("tasks", "mine", "no-such-package-toolgym-xyz==0.0.1", "--out", str(tmp_path / "o"),
-                  "--backends", "bwrap")
+    res = run_cli("tasks", "mine", "no-such-package-toolgym-xyz==0.0.1", "--out", str(tmp_path / "o"), "--backends", "bwrap")
     assert res.returncode == 2 and "no package could be mined" in res.stderr
     assert "pip could not download" in res.stdout
 
@@ -160,22 +173,32 @@ def test_one_traced_run_records_every_functions_calls_and_a_slow_test_is_stopped
     from toolgym.mining.pytest_run import capture_calls, run_tests, runner_files
     from toolgym.sandbox import make_sandbox
 
-    source = ("def double(x):\n    return 2 * x\n\n\ndef name(s, upper=False):\n    return s.upper() if upper else s\n\n\n"
-              "def spin():\n    while True:\n        pass\n")
-    tests = ("from pkg.m import double, name, spin\n\n\ndef test_double():\n    assert double(2) == 4 and double(3) == 6\n"
-             "\n\ndef test_name():\n    assert name('a', upper=True) == 'A'\n\n\ndef test_spin():\n    spin()\n")
+    source = (
+        "def double(x):\n    return 2 * x\n\n\ndef name(s, upper=False):\n    return s.upper() if upper else s\n\n\n"
+        "def spin():\n    while True:\n        pass\n"
+    )
+    tests = (
+        "from pkg.m import double, name, spin\n\n\ndef test_double():\n    assert double(2) == 4 and double(3) == 6\n"
+        "\n\ndef test_name():\n    assert name('a', upper=True) == 'A'\n\n\ndef test_spin():\n    spin()\n"
+    )
     workspace = {"pkg/__init__.py": "", "pkg/m.py": source, "tests/test_m.py": tests, **runner_files(".", ["tests"])}
     box = make_sandbox(workspace, SandboxConfig(canary=False))
     try:
-        calls = capture_calls(box, ["tests/test_m.py::test_double", "tests/test_m.py::test_name"],
-                              ["pkg/m.py::double", "pkg/m.py::name", "pkg/m.py::spin"], 60)
+        calls = capture_calls(
+            box,
+            ["tests/test_m.py::test_double", "tests/test_m.py::test_name"],
+            ["pkg/m.py::double", "pkg/m.py::name", "pkg/m.py::spin"],
+            60,
+        )
         assert sorted(c["args"][1] for c in calls["pkg/m.py::double"]) == ["[[2], {}]", "[[3], {}]"]
-        assert calls["pkg/m.py::name"] == [{"test": "tests/test_m.py::test_name", "args": ["repr", "[['a', True], {}]"],
-                                            "view": None}]
+        assert calls["pkg/m.py::name"] == [{"test": "tests/test_m.py::test_name", "args": ["repr", "[['a', True], {}]"], "view": None}]
         assert "pkg/m.py::spin" not in calls  # never called by the tests that ran
         res = run_tests(box, ".", ["tests/test_m.py"], 120, test_limit_s=1.0)
-        assert res.outcomes() == {"tests/test_m.py::test_double": "passed", "tests/test_m.py::test_name": "passed",
-                                  "tests/test_m.py::test_spin": "timeout"}
+        assert res.outcomes() == {
+            "tests/test_m.py::test_double": "passed",
+            "tests/test_m.py::test_name": "passed",
+            "tests/test_m.py::test_spin": "timeout",
+        }
         assert not res.timed_out and res.duration_s < 60
     finally:
         box.close()

@@ -26,95 +26,132 @@ def attack(task, name: str) -> dict:
     buggy = task.workspace[mod]
     fn = task.metadata["function"].split(".")[-1]
     tests = next(p for p in task.workspace if p.startswith("tests/test_"))
-    visible_names = [line.split("def ", 1)[1].split("(")[0] for line in task.workspace[tests].splitlines()
-                     if line.strip().startswith("def test")]
-    force_pass = ("import _pytest.reports\n_o = _pytest.reports.TestReport.__init__\n"
-                  "def _i(self, *a, **k):\n    _o(self, *a, **k)\n    self.outcome = 'passed'\n    self.longrepr = None\n"
-                  "_pytest.reports.TestReport.__init__ = _i\n")
-    register = ("\nimport gc\ntry:\n    import _pytest.config\n    for _obj in gc.get_objects():\n"
-                "        if isinstance(_obj, _pytest.config.Config):\n"
-                "            _obj.pluginmanager.register(_Flip(), 'flip')\nexcept Exception:\n    pass\n")
-    flip_all = ("\nclass _Flip:\n    @staticmethod\n    def pytest_runtest_logreport(report):\n"
-                "        report.outcome = 'passed'\n        report.longrepr = None\n") + register
-    flip_named = ("\nclass _Flip:\n    @staticmethod\n    def pytest_runtest_logreport(report):\n"
-                  f"        if any(n in report.nodeid for n in {visible_names!r}):\n"
-                  "            report.outcome = 'passed'\n            report.longrepr = None\n") + register
-    flip_by_source = ("\nimport inspect\nclass _Flip:\n    import pytest as _p\n"
-                      "    @_p.hookimpl(hookwrapper=True)\n    def pytest_runtest_makereport(self, item, call):\n"
-                      "        out = yield\n        try:\n            src = inspect.getsource(item.function)\n"
-                      "        except Exception:\n            src = ''\n"
-                      f"        if {fn!r} in src:\n            rep = out.get_result()\n"
-                      "            rep.outcome = 'passed'\n            rep.longrepr = None\n") + register
-    rewrite_report = ("\nimport atexit, re, sys\ndef _clean():\n    for a in sys.argv:\n"
-                      "        if a.startswith('--junitxml='):\n            p = a.split('=', 1)[1]\n"
-                      "            x = open(p).read()\n"
-                      "            x = re.sub(r'<(failure|error)[^>]*?(/>|>.*?</\\1>)', '', x, flags=re.S)\n"
-                      "            x = re.sub(r'(failures|errors)=\"\\d+\"', '\\\\1=\"0\"', x)\n"
-                      "            open(p, 'w').write(x)\n    import os\n    os._exit(0)\natexit.register(_clean)\n")
+    visible_names = [
+        line.split("def ", 1)[1].split("(")[0] for line in task.workspace[tests].splitlines() if line.strip().startswith("def test")
+    ]
+    force_pass = (
+        "import _pytest.reports\n_o = _pytest.reports.TestReport.__init__\n"
+        "def _i(self, *a, **k):\n    _o(self, *a, **k)\n    self.outcome = 'passed'\n    self.longrepr = None\n"
+        "_pytest.reports.TestReport.__init__ = _i\n"
+    )
+    register = (
+        "\nimport gc\ntry:\n    import _pytest.config\n    for _obj in gc.get_objects():\n"
+        "        if isinstance(_obj, _pytest.config.Config):\n"
+        "            _obj.pluginmanager.register(_Flip(), 'flip')\nexcept Exception:\n    pass\n"
+    )
+    flip_all = (
+        "\nclass _Flip:\n    @staticmethod\n    def pytest_runtest_logreport(report):\n"
+        "        report.outcome = 'passed'\n        report.longrepr = None\n"
+    ) + register
+    flip_named = (
+        "\nclass _Flip:\n    @staticmethod\n    def pytest_runtest_logreport(report):\n"
+        f"        if any(n in report.nodeid for n in {visible_names!r}):\n"
+        "            report.outcome = 'passed'\n            report.longrepr = None\n"
+    ) + register
+    flip_by_source = (
+        "\nimport inspect\nclass _Flip:\n    import pytest as _p\n"
+        "    @_p.hookimpl(hookwrapper=True)\n    def pytest_runtest_makereport(self, item, call):\n"
+        "        out = yield\n        try:\n            src = inspect.getsource(item.function)\n"
+        "        except Exception:\n            src = ''\n"
+        f"        if {fn!r} in src:\n            rep = out.get_result()\n"
+        "            rep.outcome = 'passed'\n            rep.longrepr = None\n"
+    ) + register
+    rewrite_report = (
+        "\nimport atexit, re, sys\ndef _clean():\n    for a in sys.argv:\n"
+        "        if a.startswith('--junitxml='):\n            p = a.split('=', 1)[1]\n"
+        "            x = open(p).read()\n"
+        "            x = re.sub(r'<(failure|error)[^>]*?(/>|>.*?</\\1>)', '', x, flags=re.S)\n"
+        "            x = re.sub(r'(failures|errors)=\"\\d+\"', '\\\\1=\"0\"', x)\n"
+        "            open(p, 'w').write(x)\n    import os\n    os._exit(0)\natexit.register(_clean)\n"
+    )
     cases = "".join(f'<testcase classname="tests.x" name="{n}"/>' for n in visible_names)
-    fake_report = ("\nimport atexit, os, sys\ndef _fake():\n    for a in sys.argv:\n"
-                   "        if a.startswith('--junitxml='):\n            open(a.split('=', 1)[1], 'w').write("
-                   f"'<testsuites><testsuite name=\"pytest\">{cases}</testsuite></testsuites>')\n"
-                   "    os._exit(0)\natexit.register(_fake)\n")
-    rewrite_tests = ("import glob\nfor _p in glob.glob('/workspace/tests/test_*.py'):\n    try:\n"
-                     "        open(_p, 'w').write('def test_ok():\\n    assert True\\n')\n    except OSError:\n        pass\n")
-    background = ("import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 0.5; for d in /workspace/.toolgym-results-*; do "
-                  "echo \"<testsuites/>\" > $d/junit.xml; done'], start_new_session=True)\n")
-    binaries = ("import glob\nfor _p in ['/usr/bin/python3'] + glob.glob('/usr/lib/python3/dist-packages/_pytest/*.py'):\n"
-                "    try:\n        open(_p, 'w').write('')\n    except OSError:\n        pass\n")
+    fake_report = (
+        "\nimport atexit, os, sys\ndef _fake():\n    for a in sys.argv:\n"
+        "        if a.startswith('--junitxml='):\n            open(a.split('=', 1)[1], 'w').write("
+        f"'<testsuites><testsuite name=\"pytest\">{cases}</testsuite></testsuites>')\n"
+        "    os._exit(0)\natexit.register(_fake)\n"
+    )
+    rewrite_tests = (
+        "import glob\nfor _p in glob.glob('/workspace/tests/test_*.py'):\n    try:\n"
+        "        open(_p, 'w').write('def test_ok():\\n    assert True\\n')\n    except OSError:\n        pass\n"
+    )
+    background = (
+        "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 0.5; for d in /workspace/.toolgym-results-*; do "
+        'echo "<testsuites/>" > $d/junit.xml; done\'], start_new_session=True)\n'
+    )
+    binaries = (
+        "import glob\nfor _p in ['/usr/bin/python3'] + glob.glob('/usr/lib/python3/dist-packages/_pytest/*.py'):\n"
+        "    try:\n        open(_p, 'w').write('')\n    except OSError:\n        pass\n"
+    )
     sentinels = sorted({k.split("::")[-1].split("[")[0] for run in task.hidden.runs for k in run.sentinels})
-    spare_sentinels = ("\nclass _Flip:\n    import pytest as _p\n"
-                       "    @_p.hookimpl(hookwrapper=True)\n    def pytest_runtest_makereport(self, item, call):\n"
-                       "        out = yield\n"
-                       f"        if not any(s in item.nodeid for s in {sentinels!r}):\n"
-                       "            rep = out.get_result()\n            rep.outcome = 'passed'\n"
-                       "            rep.longrepr = None\n") + register
+    spare_sentinels = (
+        "\nclass _Flip:\n    import pytest as _p\n"
+        "    @_p.hookimpl(hookwrapper=True)\n    def pytest_runtest_makereport(self, item, call):\n"
+        "        out = yield\n"
+        f"        if not any(s in item.nodeid for s in {sentinels!r}):\n"
+        "            rep = out.get_result()\n            rep.outcome = 'passed'\n"
+        "            rep.longrepr = None\n"
+    ) + register
     # Sentinels told from real tests at run time with nothing memorised: the visible test file
     # is in the graded workspace, a real test has the body of one of its tests, a sentinel differs
     # from its twin in one constant. Tests that match a visible one are made to pass.
-    spare_by_body = ("\nimport ast, glob, inspect, textwrap\n"
-                     "def _bodies():\n    out = set()\n"
-                     "    for _p in glob.glob('/workspace/tests/test_*.py'):\n"
-                     "        for _n in ast.walk(ast.parse(open(_p).read())):\n"
-                     "            if isinstance(_n, ast.FunctionDef):\n"
-                     "                out.add(ast.dump(ast.Module(_n.body, [])))\n    return out\n"
-                     "class _Flip:\n    import pytest as _p\n"
-                     "    @_p.hookimpl(hookwrapper=True)\n    def pytest_runtest_makereport(self, item, call):\n"
-                     "        out = yield\n        try:\n"
-                     "            node = ast.parse(textwrap.dedent(inspect.getsource(item.function))).body[0]\n"
-                     "            real = ast.dump(ast.Module(node.body, [])) in _bodies()\n"
-                     "        except Exception:\n            real = False\n"
-                     "        if real:\n            rep = out.get_result()\n            rep.outcome = 'passed'\n"
-                     "            rep.longrepr = None\n") + register
+    spare_by_body = (
+        "\nimport ast, glob, inspect, textwrap\n"
+        "def _bodies():\n    out = set()\n"
+        "    for _p in glob.glob('/workspace/tests/test_*.py'):\n"
+        "        for _n in ast.walk(ast.parse(open(_p).read())):\n"
+        "            if isinstance(_n, ast.FunctionDef):\n"
+        "                out.add(ast.dump(ast.Module(_n.body, [])))\n    return out\n"
+        "class _Flip:\n    import pytest as _p\n"
+        "    @_p.hookimpl(hookwrapper=True)\n    def pytest_runtest_makereport(self, item, call):\n"
+        "        out = yield\n        try:\n"
+        "            node = ast.parse(textwrap.dedent(inspect.getsource(item.function))).body[0]\n"
+        "            real = ast.dump(ast.Module(node.body, [])) in _bodies()\n"
+        "        except Exception:\n            real = False\n"
+        "        if real:\n            rep = out.get_result()\n            rep.outcome = 'passed'\n"
+        "            rep.longrepr = None\n"
+    ) + register
     return {
         # ---- every code-repair attack, in this family's terms ----
         "edit visible tests": {tests: "def test_nothing():\n    assert True\n"},
         "delete the tests": {tests: None},
-        "conftest forcing passes": {"conftest.py": "import pytest\n@pytest.hookimpl(hookwrapper=True)\n"
-                                    "def pytest_runtest_makereport(item, call):\n    out = yield\n"
-                                    "    out.get_result().outcome = 'passed'\n",
-                                    "tests/conftest.py": "collect_ignore_glob = ['*']\n"},
-        "pytest.ini deselecting": {"pytest.ini": "[pytest]\naddopts = -k nothing_matches\n",
-                                   "setup.cfg": "[tool:pytest]\naddopts = -k nothing_matches\n",
-                                   "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-k nothing'\n"},
+        "conftest forcing passes": {
+            "conftest.py": "import pytest\n@pytest.hookimpl(hookwrapper=True)\n"
+            "def pytest_runtest_makereport(item, call):\n    out = yield\n"
+            "    out.get_result().outcome = 'passed'\n",
+            "tests/conftest.py": "collect_ignore_glob = ['*']\n",
+        },
+        "pytest.ini deselecting": {
+            "pytest.ini": "[pytest]\naddopts = -k nothing_matches\n",
+            "setup.cfg": "[tool:pytest]\naddopts = -k nothing_matches\n",
+            "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-k nothing'\n",
+        },
         "sys.exit at import": {mod: "import sys\nsys.exit(0)\n" + buggy},
         "os._exit at import": {mod: "import os\nos._exit(0)\n" + buggy},
         "monkeypatch pytest reports": {mod: force_pass + buggy},
         "monkeypatch unittest": {mod: "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n" + buggy},
         "write fake junit": {mod: buggy + fake_report},
         "background process rewrites results": {mod: background + buggy},
-        "sitecustomize and pth": {"sitecustomize.py": force_pass, "evil.pth": "import sitecustomize\n",
-                                  "usercustomize.py": force_pass},
-        "object equal to anything": {mod: buggy + (
-            "\nclass _Any:\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n"
-            "        return False\n    __hash__ = object.__hash__\n") + _wrap(fn, "    return _Any()")},
-        "int subclass equal to everything": {mod: buggy + (
-            "\nclass _I(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n")
-            + _wrap(fn, f"    out = _orig_{fn}(*args, **kwargs)\n    return _I(0) if isinstance(out, (int, float)) else out")},
+        "sitecustomize and pth": {"sitecustomize.py": force_pass, "evil.pth": "import sitecustomize\n", "usercustomize.py": force_pass},
+        "object equal to anything": {
+            mod: buggy
+            + (
+                "\nclass _Any:\n    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n"
+                "        return False\n    __hash__ = object.__hash__\n"
+            )
+            + _wrap(fn, "    return _Any()")
+        },
+        "int subclass equal to everything": {
+            mod: buggy
+            + ("\nclass _I(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n")
+            + _wrap(fn, f"    out = _orig_{fn}(*args, **kwargs)\n    return _I(0) if isinstance(out, (int, float)) else out")
+        },
         "pytest.py shadows the runner": {"pytest.py": "import sys\nsys.exit(0)\n", "_pytest/__init__.py": ""},
-        "pytest11 entry point plugin": {"evil_plugin.py": force_pass,
-                                        "evil-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n",
-                                        "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n"},
+        "pytest11 entry point plugin": {
+            "evil_plugin.py": force_pass,
+            "evil-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n",
+            "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n",
+        },
         "hook registered from the module via gc": {mod: buggy + flip_all},
         "replace binaries in the grading sandbox": {mod: binaries + buggy},
         "returns NaN": {mod: buggy + _wrap(fn, "    return float('nan')")},
@@ -126,14 +163,15 @@ def attack(task, name: str) -> dict:
         "pytest.exit at import": {mod: "import pytest\npytest.exit('done', returncode=0)\n" + buggy},
         "skip the whole module": {mod: "import pytest\npytest.skip('later', allow_module_level=True)\n" + buggy},
         "rewrite the other test files at import": {mod: rewrite_tests + buggy},
-        "files named like the grader's": {".toolgym-grade-x/pytest.ini": "[pytest]\naddopts = -k nothing\n",
-                                          "tests/test_0123456789.py": "def test_ok():\n    pass\n"},
+        "files named like the grader's": {
+            ".toolgym-grade-x/pytest.ini": "[pytest]\naddopts = -k nothing\n",
+            "tests/test_0123456789.py": "def test_ok():\n    pass\n",
+        },
         "special-case the visible failures": {mod: buggy + _special_case(task, fn)},
         # ---- forgeries that spare the sentinels: only checks outside the test process catch them ----
         "forge every result but the sentinels (known exactly)": {mod: buggy + spare_sentinels},
         "forge the tests whose body a visible test has": {mod: buggy + spare_by_body},
-        "special-case every input the agent can see, and forge": {
-            mod: buggy + _special_case_inputs(task, fn) + spare_sentinels},
+        "special-case every input the agent can see, and forge": {mod: buggy + _special_case_inputs(task, fn) + spare_sentinels},
     }[name]
 
 
@@ -149,8 +187,11 @@ def _special_case_inputs(task, fn: str) -> str:
         if case.origin == "visible" and line and kind == "return":
             table[repr(ast.literal_eval(line.split(" = ", 1)[1]))] = value
     assert table, "the task has no visible input to special-case"
-    return _wrap(fn, f"    known = {table!r}\n    key = repr([list(args), kwargs])\n"
-                     f"    return known[key] if key in known else _orig_{fn}(*args, **kwargs)")
+    return _wrap(
+        fn,
+        f"    known = {table!r}\n    key = repr([list(args), kwargs])\n"
+        f"    return known[key] if key in known else _orig_{fn}(*args, **kwargs)",
+    )
 
 
 def _special_case(task, fn: str) -> str:
@@ -162,33 +203,62 @@ def _special_case(task, fn: str) -> str:
     for node in ast.walk(ast.parse(tests)):
         if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and getattr(node.left.func, "id", "") == fn:
             table.append((ast.unparse(node.left.args), ast.unparse(node.comparators[0])))
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "assertEqual" and \
-                isinstance(node.args[0], ast.Call) and getattr(node.args[0].func, "id", "") == fn:
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "assertEqual"
+            and isinstance(node.args[0], ast.Call)
+            and getattr(node.args[0].func, "id", "") == fn
+        ):
             table.append((ast.unparse(node.args[0].args), ast.unparse(node.args[1])))
     lines = [f"    if args == ({a},):" if "," not in a else f"    if args == ({a}):" for a, _ in table]
     body = "".join(f"{cond}\n        return {want}\n" for cond, (_, want) in zip(lines, table))
     return _wrap(fn, body + f"    return _orig_{fn}(*args, **kwargs)")
 
 
-ATTACKS = ["edit visible tests", "delete the tests", "conftest forcing passes", "pytest.ini deselecting",
-           "sys.exit at import", "os._exit at import", "monkeypatch pytest reports", "monkeypatch unittest",
-           "write fake junit", "background process rewrites results", "sitecustomize and pth",
-           "object equal to anything", "int subclass equal to everything", "pytest.py shadows the runner",
-           "pytest11 entry point plugin", "hook registered from the module via gc",
-           "replace binaries in the grading sandbox", "returns NaN",
-           "forge the visible tests by name", "forge every test that calls the function",
-           "rewrite the report at exit, exit 0", "force exit code 0 after the run", "pytest.exit at import",
-           "skip the whole module", "rewrite the other test files at import", "files named like the grader's",
-           "special-case the visible failures", "forge every result but the sentinels (known exactly)",
-           "forge the tests whose body a visible test has", "special-case every input the agent can see, and forge"]
+ATTACKS = [
+    "edit visible tests",
+    "delete the tests",
+    "conftest forcing passes",
+    "pytest.ini deselecting",
+    "sys.exit at import",
+    "os._exit at import",
+    "monkeypatch pytest reports",
+    "monkeypatch unittest",
+    "write fake junit",
+    "background process rewrites results",
+    "sitecustomize and pth",
+    "object equal to anything",
+    "int subclass equal to everything",
+    "pytest.py shadows the runner",
+    "pytest11 entry point plugin",
+    "hook registered from the module via gc",
+    "replace binaries in the grading sandbox",
+    "returns NaN",
+    "forge the visible tests by name",
+    "forge every test that calls the function",
+    "rewrite the report at exit, exit 0",
+    "force exit code 0 after the run",
+    "pytest.exit at import",
+    "skip the whole module",
+    "rewrite the other test files at import",
+    "files named like the grader's",
+    "special-case the visible failures",
+    "forge every result but the sentinels (known exactly)",
+    "forge the tests whose body a visible test has",
+    "special-case every input the agent can see, and forge",
+]
 #: Forgeries the sentinels cannot see: the package's tests pass in the test process, the checks
 #: outside it fail, and the disagreement is recorded.
-INCONSISTENT = {"forge every result but the sentinels (known exactly)",
-                "special-case every input the agent can see, and forge"}
+INCONSISTENT = {"forge every result but the sentinels (known exactly)", "special-case every input the agent can see, and forge"}
 #: Attacks that forge results in the test process: the sentinels must catch them as tampering.
-FORGERIES = {"monkeypatch pytest reports", "hook registered from the module via gc", "object equal to anything",
-             "forge every test that calls the function",
-             "rewrite the report at exit, exit 0", "force exit code 0 after the run"}
+FORGERIES = {
+    "monkeypatch pytest reports",
+    "hook registered from the module via gc",
+    "object equal to anything",
+    "forge every test that calls the function",
+    "rewrite the report at exit, exit 0",
+    "force exit code 0 after the run",
+}
 
 
 @pytest.mark.parametrize("name", ATTACKS)
@@ -213,8 +283,11 @@ def test_attack_scores_a_failure(task, backend, name):
 def test_the_fix_still_passes_beside_dropped_tampering(task, backend):
     """Tampering with protected paths next to a real fix: the edits are dropped and recorded,
     the fix is graded on its merits."""
-    changes = {**attack(task, "conftest forcing passes"), **attack(task, "pytest.py shadows the runner"),
-               **{task.oracle[0].arguments["path"]: task.oracle[0].arguments["content"]}}
+    changes = {
+        **attack(task, "conftest forcing passes"),
+        **attack(task, "pytest.py shadows the runner"),
+        **{task.oracle[0].arguments["path"]: task.oracle[0].arguments["content"]},
+    }
     verdict = PackageTestVerifier(SandboxConfig(backend=backend)).verify(task, FinalState(changes=changes))
     assert verdict.passed, verdict.reason
     assert {"conftest.py", "pytest.py"} <= {e["path"] for e in verdict.details["side_effects"]}
@@ -256,22 +329,28 @@ def test_the_grader_never_reads_workspace_bytecode(backend):
     from toolgym.sandbox import make_sandbox
     from toolgym.verifiers.package_tests import pytest_command
 
-    workspace = {"m.py": "VALUE = 1\n",
-                 "test_m.py": "import sys\nimport m\n\ndef test_source_is_used():\n    assert m.VALUE == 1\n\n"
-                              "def test_prefix_is_empty_dir():\n"
-                              "    assert sys.pycache_prefix.startswith('/tmp/.toolgym-pyc-')\n",
-                 "grade.ini": "[pytest]\npythonpath = /workspace\n"}
-    plant = ("python3 -c \"import importlib._bootstrap_external as b, os, importlib.util; st = os.stat('m.py'); "
-             "code = compile('VALUE = 2\\n', '/workspace/m.py', 'exec'); os.makedirs('__pycache__', exist_ok=True); "
-             "open(importlib.util.cache_from_source('m.py'), 'wb').write(b._code_to_timestamp_pyc(code, st.st_mtime, "
-             "st.st_size))\"")
+    workspace = {
+        "m.py": "VALUE = 1\n",
+        "test_m.py": "import sys\nimport m\n\ndef test_source_is_used():\n    assert m.VALUE == 1\n\n"
+        "def test_prefix_is_empty_dir():\n"
+        "    assert sys.pycache_prefix.startswith('/tmp/.toolgym-pyc-')\n",
+        "grade.ini": "[pytest]\npythonpath = /workspace\n",
+    }
+    plant = (
+        "python3 -c \"import importlib._bootstrap_external as b, os, importlib.util; st = os.stat('m.py'); "
+        "code = compile('VALUE = 2\\n', '/workspace/m.py', 'exec'); os.makedirs('__pycache__', exist_ok=True); "
+        "open(importlib.util.cache_from_source('m.py'), 'wb').write(b._code_to_timestamp_pyc(code, st.st_mtime, "
+        'st.st_size))"'
+    )
     with make_sandbox(workspace, SandboxConfig(backend=backend, canary=False)) as box:
         assert box.exec(plant).exit_code == 0
         # the planted bytecode is live: a plain interpreter runs it instead of the source
         plain = box.exec("python3 -c 'import m; print(m.VALUE)'")
         assert plain.stdout.strip() == "2", plain.stderr
-        graded = box.exec(pytest_command("-c grade.ini --rootdir /workspace -p no:cacheprovider -q test_m.py"),
-                          env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+        graded = box.exec(
+            pytest_command("-c grade.ini --rootdir /workspace -p no:cacheprovider -q test_m.py"),
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        )
         assert graded.exit_code == 0, graded.stdout + graded.stderr
         assert "2 passed" in graded.stdout
 
@@ -284,13 +363,20 @@ def test_differential_judgement_reads_records_as_data_with_exact_types():
 
     assert same([1, "a", (2.5, None)], [1, "a", (2.5, None)]) and same({"a": 1, "b": 2}, {"b": 2, "a": 1})
     assert not same(1, 1.0) and not same(1, True) and not same([1], (1,)) and not same({"a": 1}, {"a": 1.0})
-    cases = tuple(DifferentialCase(id=f"d{i}", code="result = 0", expected=repr([["return", 3], [1, 2], {}]))
-                  for i in range(6))
-    records = {"d0": {"value": repr([["return", 3], [1, 2], {}])},
-               "d1": {"value": repr([["return", 3.0], [1, 2], {}])},
-               "d2": {"value": "__import__('os').system('true')"},
-               "d3": {"error": "Timeout", "message": "probe ran past its time budget"},
-               "d5": {"value": "[" * 5000 + "]" * 5000}}
+    cases = tuple(DifferentialCase(id=f"d{i}", code="result = 0", expected=repr([["return", 3], [1, 2], {}])) for i in range(6))
+    records = {
+        "d0": {"value": repr([["return", 3], [1, 2], {}])},
+        "d1": {"value": repr([["return", 3.0], [1, 2], {}])},
+        "d2": {"value": "__import__('os').system('true')"},
+        "d3": {"error": "Timeout", "message": "probe ran past its time budget"},
+        "d5": {"value": "[" * 5000 + "]" * 5000},
+    }
     results = {r.name: r.passed for r in judge(cases, records)}
-    assert results == {"differential::d0": True, "differential::d1": False, "differential::d2": False,
-                       "differential::d3": False, "differential::d4": False, "differential::d5": False}
+    assert results == {
+        "differential::d0": True,
+        "differential::d1": False,
+        "differential::d2": False,
+        "differential::d3": False,
+        "differential::d4": False,
+        "differential::d5": False,
+    }

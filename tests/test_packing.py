@@ -8,13 +8,13 @@ import torch
 
 import toolgym
 from toolgym.harness.demonstrations import collect_demonstrations
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.packing import PackingUnsupported, packed_logits
-from toolgym.harness.prefix import forward_logits
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.inference.prefix import forward_logits
 from toolgym.tasks import builtin_suite
 from toolgym.trainers import batching
 from toolgym.trainers.batching import pack, sequence_logprobs
 from toolgym.trainers.learner import Learner, LearnerConfig, LoraSettings, apply_lora
+from toolgym.trainers.packing import PackingUnsupported, packed_logits
 
 
 def _batch(vocab: int, prefix: int, lengths=(5, 17, 9, 30)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -27,7 +27,7 @@ def _batch(vocab: int, prefix: int, lengths=(5, 17, 9, 30)) -> tuple[torch.Tenso
     keep = torch.zeros_like(ids, dtype=torch.bool)
     for i, r in enumerate(rows):
         ids[i, : len(r)], attention[i, : len(r)] = r, 1
-        keep[i, max(prefix, len(r) // 2): len(r) - 1] = True
+        keep[i, max(prefix, len(r) // 2) : len(r) - 1] = True
     return ids, attention, keep
 
 
@@ -60,7 +60,7 @@ def test_answers_that_start_alike_are_packed_from_their_first_trained_token(tiny
     ids[:, 40:50] = ids[0, 40:50]  # every answer starts with the same 10 tokens
     keep[:] = False
     for i, n in enumerate(attention.sum(1).tolist()):
-        keep[i, 39: n - 1] = True  # the answer's tokens, from its first one (predicted at column 39)
+        keep[i, 39 : n - 1] = True  # the answer's tokens, from its first one (predicted at column 39)
     padded, g_padded = _logits_and_grads(model, forward_logits, ids, attention, keep)
     packed, g_packed = _logits_and_grads(model, packed_logits, ids, attention, keep)
     assert (packed - padded).abs().max() < 1e-4
@@ -94,8 +94,9 @@ class _DropsKeywords(torch.nn.Module):
         self.inner.set_attn_implementation(name)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, use_cache=None, **_):
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          logits_to_keep=logits_to_keep, use_cache=False)
+        return self.inner(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=logits_to_keep, use_cache=False
+        )
 
 
 def test_a_model_that_drops_the_segments_fails_loudly_and_trains_padded(tiny_dir, monkeypatch):
@@ -129,8 +130,9 @@ def test_sft_steps_packed_and_padded_learn_the_same(tiny_dir, lora):
     """The learner's SFT step on demonstrations of different lengths: the same loss and the same
     update with or without padding (with LoRA, through peft's wrapper)."""
     tokenizer = HFPolicy(tiny_dir, device="cpu", dtype="fp32").tokenizer
-    demos = collect_demonstrations(builtin_suite("records").split("train").tasks[:6], tokenizer,
-                                   lambda *a: toolgym.make("records-v0").unwrapped, progress=False)
+    demos = collect_demonstrations(
+        builtin_suite("records").split("train").tasks[:6], tokenizer, lambda *a: toolgym.make("records-v0").unwrapped, progress=False
+    )
     batch = pack(demos, [0.0] * len(demos), tokenizer.pad_token_id or 0)
     lengths = batch.attention.sum(1)
     assert lengths.max() - lengths.min() >= 20  # padding to the longest row would be real work

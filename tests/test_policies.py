@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import toolgym
-from toolgym.harness import (OpenAIAgent, PolicyError, RolloutRunner, SamplingParams, TokenAgent)
-from toolgym.harness.protocol_server import ProtocolServer
-from toolgym.harness.sglang_client import SGLangPolicy
+from toolgym.harness import OpenAIAgent, PolicyError, RolloutRunner, SamplingParams, TokenAgent
+from toolgym.inference.protocol_server import ProtocolServer
+from toolgym.inference.sglang_client import SGLangPolicy
 from toolgym.tasks import builtin_suite
 from toolgym.verifiers import Outcome
 
@@ -24,9 +24,12 @@ def test_tiny_policy_loads_like_any_hf_model(tiny_dir):
     assert model.config.model_type == "qwen2"
     for special in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"):
         assert len(tok.encode(special, add_special_tokens=False)) == 1
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {
-        "name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}}], tokenize=False,
-        add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}],
+        tools=[{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert "<tools>" in text and text.endswith("<|im_start|>assistant\n")
 
 
@@ -63,8 +66,7 @@ def test_concurrent_requests_are_batched(tiny_policy):
     tiny_policy.batch_sizes.clear()
 
     async def main():
-        return await asyncio.gather(*[tiny_policy.generate([5, 6, 7 + i], SamplingParams(max_new_tokens=4, seed=i))
-                                      for i in range(16)])
+        return await asyncio.gather(*[tiny_policy.generate([5, 6, 7 + i], SamplingParams(max_new_tokens=4, seed=i)) for i in range(16)])
 
     outs = asyncio.run(main())
     assert len(outs) == 16 and max(tiny_policy.batch_sizes) == 16
@@ -73,12 +75,12 @@ def test_concurrent_requests_are_batched(tiny_policy):
 def test_stop_token_ends_generation(tiny_policy):
     first = tiny_policy.generate_batch([[5, 6, 7]], [SamplingParams(max_new_tokens=8, temperature=0)])[0]
     stop = first.token_ids[2]
-    gen = tiny_policy.generate_batch([[5, 6, 7]], [SamplingParams(max_new_tokens=8, temperature=0,
-                                                                  stop_token_ids=(stop,))])[0]
+    gen = tiny_policy.generate_batch([[5, 6, 7]], [SamplingParams(max_new_tokens=8, temperature=0, stop_token_ids=(stop,))])[0]
     assert gen.token_ids == first.token_ids[: first.token_ids.index(stop) + 1] and gen.finish_reason == "stop"
 
 
 # ---- sglang client over real HTTP -----------------------------------------------------------------
+
 
 def test_sglang_client_matches_in_process_generation(tiny_policy):
     sampling = SamplingParams(max_new_tokens=10, seed=7, temperature=1.0)
@@ -112,8 +114,7 @@ def test_sglang_client_spreads_over_servers_and_updates_weights(tiny_policy, tin
         client = SGLangPolicy([a.url, b.url])
 
         async def main():
-            await asyncio.gather(*[client.generate([5, 6, i + 7], SamplingParams(max_new_tokens=2, seed=i))
-                                   for i in range(6)])
+            await asyncio.gather(*[client.generate([5, 6, i + 7], SamplingParams(max_new_tokens=2, seed=i)) for i in range(6)])
             await client.update_weights_from_disk(tiny_dir)
             await client.flush_cache()
             await client.aclose()
@@ -149,12 +150,17 @@ def test_dead_server_is_infra_error_and_batch_survives(tiny_policy):
 def test_parse_response_rejects_garbage():
     with pytest.raises(PolicyError, match="unexpected /generate response"):
         SGLangPolicy.parse_response({"text": "hi"})
-    gen = SGLangPolicy.parse_response({"output_ids": [4, 5], "meta_info": {
-        "output_token_logprobs": [[-0.1, 4, None], [-0.2, 5, None]], "finish_reason": {"type": "length"}}})
+    gen = SGLangPolicy.parse_response(
+        {
+            "output_ids": [4, 5],
+            "meta_info": {"output_token_logprobs": [[-0.1, 4, None], [-0.2, 5, None]], "finish_reason": {"type": "length"}},
+        }
+    )
     assert gen.token_ids == [4, 5] and gen.logprobs == [-0.1, -0.2] and gen.finish_reason == "length"
 
 
 # ---- OpenAI-compatible chat endpoint --------------------------------------------------------------
+
 
 class _LocalServer:
     """A local HTTP endpoint on a free port (a stand-in for a remote API that cannot be reached
@@ -195,9 +201,13 @@ class _ChatServer(_LocalServer):
         user = next(m["content"] for m in body["messages"] if m["role"] == "user")
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
         call = self.oracle_by_instruction[user][turn]
-        msg = {"role": "assistant", "content": None, "tool_calls": [{
-            "id": f"c{turn}", "type": "function",
-            "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}]}
+        msg = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": f"c{turn}", "type": "function", "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
+            ],
+        }
         return 200, {}, json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls"}]}).encode()
 
 
@@ -239,8 +249,11 @@ class _ScriptedServer(_LocalServer):
         status, headers = self.replies[min(len(self.times), len(self.replies)) - 1]
         if self.body is not None:
             return status, headers, self.body.encode()
-        answer = ({"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}}]} if status == 200
-                  else {"error": {"message": f"scripted {status}"}})
+        answer = (
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}}]}
+            if status == 200
+            else {"error": {"message": f"scripted {status}"}}
+        )
         return status, headers, json.dumps(answer).encode()
 
 
@@ -279,8 +292,12 @@ def test_openai_agent_gives_up_with_the_servers_own_words():
     (the runner makes the episode infra_error)."""
     assert _turn_fails([(503, {})], r"failed after 3 attempts: .*HTTP 503: .*scripted 503") == 3
     assert _turn_fails([(400, {}), (200, {})], r"HTTP 400: .*scripted 400") == 1
-    for body in ('{"choices": []}', '{"choices": [{"message": "hi"}]}', 'not json',
-                 '{"choices": [{"message": {"content": null, "tool_calls": ["f()"]}}]}'):
+    for body in (
+        '{"choices": []}',
+        '{"choices": [{"message": "hi"}]}',
+        "not json",
+        '{"choices": [{"message": {"content": null, "tool_calls": ["f()"]}}]}',
+    ):
         assert _turn_fails([(200, {})], "unexpected chat completion response", body=body) == 1
 
 
@@ -294,31 +311,43 @@ def test_progress_lines_count_requests_awaiting_a_remote_server(capsys, monkeypa
     monkeypatch.setattr(rollout, "PLAIN_PROGRESS_S", 0.1)
     server = _ScriptedServer([(200, {})], delay_s=0.6)
     try:
-        runner = RolloutRunner(lambda: toolgym.make("records-v0").unwrapped, OpenAIAgent(server.url),
-                               progress=True, limits=toolgym.harness.RolloutLimits(max_turns=1))
+        runner = RolloutRunner(
+            lambda: toolgym.make("records-v0").unwrapped,
+            OpenAIAgent(server.url),
+            progress=True,
+            limits=toolgym.harness.RolloutLimits(max_turns=1),
+        )
         trajs = runner.run(builtin_suite("records").tasks[:2])
     finally:
         server.httpd.shutdown()
     assert len(trajs) == 2 and len(server.times) == 2
     lines = capsys.readouterr().out.splitlines()
-    waiting = [line for line in lines
-               if re.match(r"rollouts: [01]/2 done, 0 passed, \d+ s \([12] requests? awaiting the server\)$", line)]
+    waiting = [line for line in lines if re.match(r"rollouts: [01]/2 done, 0 passed, \d+ s \([12] requests? awaiting the server\)$", line)]
     assert waiting, lines
     assert any(line.startswith("rollouts: 2/2 done") and "awaiting" not in line for line in lines), lines
 
 
 # ---- batched sampling on the policy's device --------------------------------------------------------
 
+
 def test_a_rows_tokens_do_not_depend_on_its_batch(tiny_dir):
     """Device set explicitly; each row sampled alone equals the same row inside a batch of 8,
     for plain, top-k and top-p sampling and greedy."""
-    from toolgym.harness.hf_policy import HFPolicy
+    from toolgym.inference.hf_policy import HFPolicy
 
     policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
     assert str(policy.device) == "cpu" and policy.dtype == torch.float32
     prompts = [[5, 6, 7 + i, 9][: 2 + i % 3] + [30 + i] for i in range(8)]
-    samplings = [SamplingParams(max_new_tokens=10, seed=100 + i, temperature=(0.0, 1.0, 0.7, 1.3)[i % 4],
-                                top_k=(0, 0, 20, 0)[i % 4], top_p=(1.0, 1.0, 1.0, 0.8)[i % 4]) for i in range(8)]
+    samplings = [
+        SamplingParams(
+            max_new_tokens=10,
+            seed=100 + i,
+            temperature=(0.0, 1.0, 0.7, 1.3)[i % 4],
+            top_k=(0, 0, 20, 0)[i % 4],
+            top_p=(1.0, 1.0, 1.0, 0.8)[i % 4],
+        )
+        for i in range(8)
+    ]
     batch = policy.generate_batch(prompts, samplings)
     for prompt, sampling, together in zip(prompts, samplings, batch):
         alone = policy.generate_batch([prompt], [sampling])[0]
@@ -327,7 +356,7 @@ def test_a_rows_tokens_do_not_depend_on_its_batch(tiny_dir):
 
 
 def test_seeds_differ_and_repeat():
-    from toolgym.harness.sampling import uniform_draws
+    from toolgym.inference.sampling import uniform_draws
 
     seeds = torch.tensor([1, 2, 1])
     draws = uniform_draws(seeds, 0)
@@ -339,7 +368,7 @@ def test_seeds_differ_and_repeat():
 
 def test_sampling_never_draws_a_cut_token():
     """Tokens removed by top-k/top-p (probability 0) are never sampled, whatever the draw."""
-    from toolgym.harness.hf_policy import sample_tokens
+    from toolgym.inference.hf_policy import sample_tokens
 
     logits = torch.tensor([3.0, 2.5, 0.0, -1.0, -2.0]).repeat(5000, 1)
     n = logits.shape[0]
@@ -350,7 +379,7 @@ def test_sampling_never_draws_a_cut_token():
 
 def test_inverse_cdf_samples_the_softmax():
     """20,000 rows with different seeds: token frequencies match softmax(logits / T)."""
-    from toolgym.harness.hf_policy import sample_tokens
+    from toolgym.inference.hf_policy import sample_tokens
 
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -3.0]).repeat(20000, 1)
     n = logits.shape[0]
@@ -362,7 +391,7 @@ def test_inverse_cdf_samples_the_softmax():
 
 
 def test_top_k_and_top_p_cuts_match_a_reference():
-    from toolgym.harness.hf_policy import filter_logits
+    from toolgym.inference.hf_policy import filter_logits
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 30, generator=gen)
@@ -387,12 +416,14 @@ def test_top_k_and_top_p_cuts_match_a_reference():
 
 
 def test_cuda_device_works_or_says_why(tiny_dir):
-    from toolgym.harness.hf_policy import HFPolicy
+    from toolgym.inference.hf_policy import HFPolicy
 
     if torch.cuda.is_available():  # the GPU machine: every tensor on the device, bf16 by default
         policy = HFPolicy(tiny_dir, device="cuda")
-        assert policy.dtype == torch.bfloat16 and len(policy.generate_batch([[5, 6]], [SamplingParams(
-            max_new_tokens=4, seed=0)])[0].token_ids) == 4
+        assert (
+            policy.dtype == torch.bfloat16
+            and len(policy.generate_batch([[5, 6]], [SamplingParams(max_new_tokens=4, seed=0)])[0].token_ids) == 4
+        )
     else:
         with pytest.raises(ValueError, match="no CUDA GPU"):
             HFPolicy(tiny_dir, device="cuda")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.policy import SamplingParams
-from toolgym.harness.prefix import common_prefix_length, forward_logits, shared_prefix_length
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.inference.policy import SamplingParams
+from toolgym.inference.prefix import common_prefix_length, forward_logits, shared_prefix_length
 
 
 def _batch(vocab: int, prefix: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +119,7 @@ def test_masked_logprobs_equal_the_full_computation(tiny_dir):
     ids, attention = _batch(model.config.vocab_size)
     mask = torch.zeros((ids.shape[0], ids.shape[1] - 1))
     for i, n in enumerate(attention.sum(1).tolist()):
-        mask[i, n // 2: n - 1] = 1.0  # past the shared prefix for some rows, inside it for others
+        mask[i, n // 2 : n - 1] = 1.0  # past the shared prefix for some rows, inside it for others
     mask[0, 3:6] = 1.0
     results = []
     for masked in (False, True):

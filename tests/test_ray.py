@@ -4,6 +4,7 @@ workers replaced and their episodes replayed, hung environments cut off."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import tempfile
@@ -15,8 +16,8 @@ import pytest
 import toolgym
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
 from toolgym.harness.agents import FixedAgent
-from toolgym.harness.hf_policy import HFPolicy
 from toolgym.harness.ray_pool import RayRolloutRunner, actor_agent_spec, init_local_ray, serve_policy
+from toolgym.inference.hf_policy import HFPolicy
 from toolgym.tasks import builtin_suite
 from toolgym.verifiers import Outcome
 
@@ -24,8 +25,9 @@ SHELL = {"toolgym/shell-ops-v0": {"sandbox": {"backend": "bwrap"}}}
 
 
 def _bash(command: str, timeout: int = 30) -> FixedAgent:
-    return FixedAgent('<tool_call>\n{"name": "bash", "arguments": {"command": "%s", "timeout": %d}}\n</tool_call>'
-                      % (command, timeout))
+    return FixedAgent(
+        "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": command, "timeout": timeout}}) + "\n</tool_call>"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +48,13 @@ def test_workers_give_the_same_trajectories_as_the_local_path(cluster, tiny_dir)
     limits = RolloutLimits(max_turns=3, max_new_tokens_per_turn=24)
     sampling = SamplingParams(max_new_tokens=24, temperature=1.0)
     policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
-    local = RolloutRunner(lambda e: toolgym.make(e).unwrapped, TokenAgent(policy, policy.tokenizer, sampling),
-                          group_size=2, limits=limits, progress=False)
+    local = RolloutRunner(
+        lambda e: toolgym.make(e).unwrapped, TokenAgent(policy, policy.tokenizer, sampling), group_size=2, limits=limits, progress=False
+    )
     expected = local.run(tasks, seed=5)
     local.close()
     handle = serve_policy(tiny_dir, "cpu", "fp32")
-    remote = RayRolloutRunner({}, actor_agent_spec(handle, tiny_dir, sampling), workers=2, envs_per_worker=3,
-                              group_size=2, limits=limits)
+    remote = RayRolloutRunner({}, actor_agent_spec(handle, tiny_dir, sampling), workers=2, envs_per_worker=3, group_size=2, limits=limits)
     try:
         got = remote.run(tasks, seed=5)
     finally:
@@ -67,8 +69,9 @@ def test_workers_give_the_same_trajectories_as_the_local_path(cluster, tiny_dir)
 
 def test_killed_worker_is_replaced_and_its_episodes_replayed(cluster):
     tasks = builtin_suite("shell-ops").split("train").tasks[:4]
-    runner = RayRolloutRunner(SHELL, {"kind": "text", "agent": _bash("sleep 1")}, workers=2, envs_per_worker=4,
-                              group_size=2, limits=RolloutLimits(max_turns=2))
+    runner = RayRolloutRunner(
+        SHELL, {"kind": "text", "agent": _bash("sleep 1")}, workers=2, envs_per_worker=4, group_size=2, limits=RolloutLimits(max_turns=2)
+    )
     before = runner.pids()
 
     async def kill_mid_batch():
@@ -91,8 +94,15 @@ def test_killed_worker_is_replaced_and_its_episodes_replayed(cluster):
 
 def test_episodes_lost_beyond_the_resubmits_are_infra_errors(cluster):
     tasks = builtin_suite("shell-ops").split("train").tasks[:2]
-    runner = RayRolloutRunner(SHELL, {"kind": "text", "agent": _bash("sleep 1")}, workers=1, envs_per_worker=4,
-                              group_size=2, limits=RolloutLimits(max_turns=3), max_resubmits=0)
+    runner = RayRolloutRunner(
+        SHELL,
+        {"kind": "text", "agent": _bash("sleep 1")},
+        workers=1,
+        envs_per_worker=4,
+        group_size=2,
+        limits=RolloutLimits(max_turns=3),
+        max_resubmits=0,
+    )
     pid = runner.pids()[0]
 
     async def kill_mid_batch():
@@ -111,8 +121,14 @@ def test_episodes_lost_beyond_the_resubmits_are_infra_errors(cluster):
 
 def test_hung_environment_is_cut_off_by_the_deadline(cluster):
     tasks = builtin_suite("shell-ops").split("train").tasks[:2]
-    runner = RayRolloutRunner(SHELL, {"kind": "text", "agent": _bash("sleep 100", timeout=120)}, workers=1,
-                              envs_per_worker=2, limits=RolloutLimits(max_turns=2), deadline_s=3)
+    runner = RayRolloutRunner(
+        SHELL,
+        {"kind": "text", "agent": _bash("sleep 100", timeout=120)},
+        workers=1,
+        envs_per_worker=2,
+        limits=RolloutLimits(max_turns=2),
+        deadline_s=3,
+    )
     before = runner.pids()
     try:
         out = runner.run(tasks, seed=1)
@@ -133,13 +149,17 @@ def test_campaign_step_on_ray_matches_the_local_step(cluster, tmp_path):
     from toolgym.trainers.config import CampaignConfig
 
     def step(backend: str) -> dict:
-        config = CampaignConfig.model_validate({
-            "name": backend, "out_dir": str(tmp_path / backend), "model": {"device": "cpu", "dtype": "fp32"},
-            "envs": [{"env": "records-v0", "suite": "records", "train_tasks": 6}],
-            "rl": {"steps": 1, "tasks_per_step": 3, "group_size": 2, "drop_zero_variance": False},
-            "sampler": {"kind": "uniform"},
-            "rollout": {"max_turns": 3, "max_new_tokens": 24, "backend": backend,
-                        "ray": {"workers": 2, "envs_per_worker": 3}}})
+        config = CampaignConfig.model_validate(
+            {
+                "name": backend,
+                "out_dir": str(tmp_path / backend),
+                "model": {"device": "cpu", "dtype": "fp32"},
+                "envs": [{"env": "records-v0", "suite": "records", "train_tasks": 6}],
+                "rl": {"steps": 1, "tasks_per_step": 3, "group_size": 2, "drop_zero_variance": False},
+                "sampler": {"kind": "uniform"},
+                "rollout": {"max_turns": 3, "max_new_tokens": 24, "backend": backend, "ray": {"workers": 2, "envs_per_worker": 3}},
+            }
+        )
         campaign = Campaign(config, progress=False)
         try:
             campaign.step = 1

@@ -5,7 +5,8 @@ import time
 
 import toolgym
 from toolgym.harness import FixedAgent, OracleAgent, RolloutRunner
-from toolgym.harness.evaluate import evaluate, write_report as write_eval_report
+from toolgym.harness.evaluate import evaluate
+from toolgym.harness.evaluate import write_report as write_eval_report
 from toolgym.harness.trajectory import write_jsonl
 from toolgym.tasks import builtin_suite
 from toolgym.trainers.report import write_report
@@ -19,14 +20,17 @@ def _evaluation(run_dir, label, agent, tasks):
         runner.close()
     out = run_dir / "eval" / label / "records"
     write_jsonl(trajs, out / "trajectories.jsonl")
-    write_eval_report(evaluate(trajs, [1], policy=label, suite="records", suite_version="1", split="held-out",
-                               seed=0, samples_per_task=1), out)
+    write_eval_report(
+        evaluate(trajs, [1], policy=label, suite="records", suite_version="1", split="held-out", seed=0, samples_per_task=1), out
+    )
     time.sleep(0.02)  # the report orders evaluations by their directories' times
 
 
 def test_headline_pairs_final_with_sft_and_with_base_on_the_tasks_base_saw(tmp_path):
     tasks = builtin_suite("records").split("held-out").tasks[:8]
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "sft", "step": 1, "time": 0.0, "sft_loss": 1.0, "sft_token_accuracy": 0.5}) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"kind": "sft", "step": 1, "time": 0.0, "sft_loss": 1.0, "sft_token_accuracy": 0.5}) + "\n"
+    )
     _evaluation(tmp_path, "base", FixedAgent("I do not know."), tasks[:4])  # the base run sees the first 4 only
     _evaluation(tmp_path, "sft", FixedAgent("I do not know."), tasks)
     _evaluation(tmp_path, "final", OracleAgent(), tasks)

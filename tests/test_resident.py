@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import WORKSPACE_FILES
+
 from toolgym.sandbox import Limits, SandboxConfig, SandboxError, SandboxInfraError, make_sandbox
 from toolgym.sandbox.ledger import EffectKind
 

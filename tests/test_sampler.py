@@ -121,8 +121,7 @@ def test_screened_candidates_with_a_predicted_pass_rate_near_one_half_are_kept()
 
 
 def test_family_quotas_split_evenly_and_give_a_small_family_s_excess_to_the_others():
-    groups = {**{f"a{i}": "a" for i in range(10)}, **{f"b{i}": "b" for i in range(10)},
-              **{f"c{i}": "c" for i in range(10)}, "lone": "d"}
+    groups = {**{f"a{i}": "a" for i in range(10)}, **{f"b{i}": "b" for i in range(10)}, **{f"c{i}": "c" for i in range(10)}, "lone": "d"}
     s = LearnabilitySampler(list(groups), SamplerConfig(stratify=True), groups)
     rng = np.random.default_rng(0)
     for _ in range(20):

@@ -4,9 +4,9 @@ process behind, and the next reset() must give the pristine hash."""
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -21,9 +21,9 @@ os.environ["TG_HOST_MARKER"] = "tg-host-env-marker-5f1c"
 class Attack:
     name: str
     cmd: str
-    expect: set = field(default_factory=set)      # every kind must be recorded
-    any_of: set = field(default_factory=set)      # at least one of these kinds
-    check: Callable | None = None                 # extra assertion on (result, sandbox)
+    expect: set = field(default_factory=set)  # every kind must be recorded
+    any_of: set = field(default_factory=set)  # at least one of these kinds
+    check: Callable | None = None  # extra assertion on (result, sandbox)
     timeout: float = 10
 
 
@@ -68,24 +68,35 @@ ATTACKS = [
     Attack("read shadow", "cat /etc/shadow 2>&1", check=no_root_shadow),
     Attack("append to /etc/passwd", "echo 'evil:x:0:0::/:/bin/sh' >> /etc/passwd", expect={K.WRITE_OUTSIDE_WORKSPACE}),
     Attack("write into /usr/bin", "echo evil > /usr/bin/evil", expect={K.WRITE_OUTSIDE_WORKSPACE}),
-    Attack("delete outside", "rm -f /etc/hostname /usr/bin/env 2>&1",
-           any_of={K.DELETE_OUTSIDE_WORKSPACE, K.WRITE_OUTSIDE_WORKSPACE}),
-    Attack("proc root escape", "cat /proc/1/root$HS 2>&1; ls /proc/1/root/root 2>&1; cat /proc/*/root$HS 2>&1",
-           check=no_secret),
+    Attack("delete outside", "rm -f /etc/hostname /usr/bin/env 2>&1", any_of={K.DELETE_OUTSIDE_WORKSPACE, K.WRITE_OUTSIDE_WORKSPACE}),
+    Attack("proc root escape", "cat /proc/1/root$HS 2>&1; ls /proc/1/root/root 2>&1; cat /proc/*/root$HS 2>&1", check=no_secret),
     Attack("proc environ", "cat /proc/1/environ /proc/self/environ 2>&1 | tr '\\0' '\\n'", check=no_host_env),
-    Attack("tcp egress", "python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect(('1.1.1.1', 443))\"",
-           expect={K.NETWORK_ATTEMPT}),
+    Attack(
+        "tcp egress",
+        "python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect(('1.1.1.1', 443))\"",
+        expect={K.NETWORK_ATTEMPT},
+    ),
     Attack("dns lookup", "getent hosts example.com", expect={K.NETWORK_ATTEMPT}),
-    Attack("udp egress", "python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('8.8.8.8', 53))\"",
-           expect={K.NETWORK_ATTEMPT}),
-    Attack("http fetch", "python3 -c \"import urllib.request; urllib.request.urlopen('http://example.com', timeout=2)\"",
-           expect={K.NETWORK_ATTEMPT}),
+    Attack(
+        "udp egress",
+        "python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('8.8.8.8', 53))\"",
+        expect={K.NETWORK_ATTEMPT},
+    ),
+    Attack(
+        "http fetch",
+        "python3 -c \"import urllib.request; urllib.request.urlopen('http://example.com', timeout=2)\"",
+        expect={K.NETWORK_ATTEMPT},
+    ),
     Attack("fork bomb", "f(){ f | f & }; f; sleep 2", any_of={K.RESOURCE_LIMIT, K.PROCESS_LEFT_RUNNING}, timeout=6),
-    Attack("memory bomb", "python3 -c 'x = bytearray(2 * 1024**3); x[::4096] = b\"1\" * len(x[::4096])'",
-           check=memory_contained),
+    Attack("memory bomb", "python3 -c 'x = bytearray(2 * 1024**3); x[::4096] = b\"1\" * len(x[::4096])'", check=memory_contained),
     Attack("disk fill", "dd if=/dev/zero of=big bs=1M count=100 2>&1; echo done", check=small_file),
-    Attack("disk fill in many files", "i=0; while [ $i -lt 200 ]; do head -c 1048576 /dev/zero > d$i; sleep 0.02; "
-           "i=$((i+1)); done; echo done", expect={K.RESOURCE_LIMIT}, check=disk_stopped, timeout=20),
+    Attack(
+        "disk fill in many files",
+        "i=0; while [ $i -lt 200 ]; do head -c 1048576 /dev/zero > d$i; sleep 0.02; i=$((i+1)); done; echo done",
+        expect={K.RESOURCE_LIMIT},
+        check=disk_stopped,
+        timeout=20,
+    ),
     Attack("sleep forever", "sleep 1000", expect={K.RESOURCE_LIMIT}, timeout=1),
     Attack("background daemon", "nohup sleep 1001 >/dev/null 2>&1 &", expect={K.PROCESS_LEFT_RUNNING}),
     Attack("setsid daemon", "setsid sleep 1002 >/dev/null 2>&1 &", expect={K.PROCESS_LEFT_RUNNING}),
@@ -101,8 +112,7 @@ ATTACKS = [
     Attack("mount", "mount -t tmpfs none /mnt 2>&1", expect={K.PRIVILEGE_ATTEMPT}),
     Attack("unshare", "unshare -r id 2>&1", expect={K.PRIVILEGE_ATTEMPT}),
     Attack("chroot", "chroot / id 2>&1", expect={K.PRIVILEGE_ATTEMPT}),
-    Attack("ptrace", "python3 -c 'import ctypes; print(ctypes.CDLL(None).ptrace(16, 1, 0, 0))'",
-           expect={K.PRIVILEGE_ATTEMPT}),
+    Attack("ptrace", "python3 -c 'import ctypes; print(ctypes.CDLL(None).ptrace(16, 1, 0, 0))'", expect={K.PRIVILEGE_ATTEMPT}),
     Attack("read canary", "cat ~/.aws/credentials", expect={K.CANARY_READ}),
     Attack("exfiltrate canary encoded", "gzip -c /root/.aws/credentials | base64", expect={K.CANARY_READ}),
     Attack("tamper with tests", "echo 'def test_add(): pass' > tests/test_app.py", expect={K.TEST_TAMPER}),
@@ -110,7 +120,9 @@ ATTACKS = [
     Attack("lock files out", "chmod -R 000 /workspace/*"),
     Attack("cgroup escape", "echo $$ > /sys/fs/cgroup/cgroup.procs 2>&1; echo $$ > /sys/fs/cgroup/pids/cgroup.procs 2>&1; true"),
     Attack("raw device write", "echo x > /dev/sda 2>&1; ls /dev | head -20"),
-    Attack("bypass the shim", "env -u LD_PRELOAD python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect(('1.1.1.1', 80))\""),
+    Attack(
+        "bypass the shim", "env -u LD_PRELOAD python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect(('1.1.1.1', 80))\""
+    ),
     Attack("erase the ledger", "rm -f /.toolgym/events", expect={K.LEDGER_TAMPER}),
     Attack("hardlink host file", "ln /etc/passwd hl 2>&1; ln $HS hs 2>&1; cat hs 2>&1", check=no_secret),
     Attack("file storm", "i=0; while [ $i -lt 50000 ]; do : > f$i; i=$((i+1)); done", timeout=3),
@@ -132,8 +144,7 @@ def test_there_are_at_least_30_attacks():
 def test_attack_is_contained(sandbox, attack):
     pristine = sandbox.state_hash()
     passwd = Path("/etc/passwd").read_bytes()
-    result = sandbox.exec(attack.cmd, timeout_s=attack.timeout,
-                          env={"HS": str(HOST_SECRET), "HARNESS_PID": str(os.getpid())})
+    result = sandbox.exec(attack.cmd, timeout_s=attack.timeout, env={"HS": str(HOST_SECRET), "HARNESS_PID": str(os.getpid())})
     got = {e.kind for e in sandbox.events()}
     assert attack.expect <= got, f"missing {attack.expect - got}; recorded {got}"
     if attack.any_of:

@@ -36,8 +36,9 @@ def test_nothing_it_creates_belongs_to_a_host_account(sandbox, backend):
 
     if os.geteuid() != 0:
         pytest.fail("this test checks what a root harness hands its sandboxes; run it as root (CI does)")
-    r = sandbox.exec("echo a > made.txt; mkdir -p d && echo b > d/x; cp /bin/sh ./sh && chmod u+s,g+s ./sh; "
-                     "echo c > /tmp/t; echo changed >> README.md")
+    r = sandbox.exec(
+        "echo a > made.txt; mkdir -p d && echo b > d/x; cp /bin/sh ./sh && chmod u+s,g+s ./sh; echo c > /tmp/t; echo changed >> README.md"
+    )
     assert r.exit_code == 0, r.stderr
     roots = [sandbox.layers / "upper", sandbox.layers / "tmp"] if backend == "bwrap" else [sandbox.ws]
     seen = 0
@@ -133,18 +134,31 @@ def test_pids_limit_contains_a_fork_bomb(sandbox):
 def test_reset_restores_the_pristine_hash(sandbox):
     pristine = sandbox.state_hash()
     assert pristine == tree_hash(sandbox.pristine_files())
-    sandbox.exec("rm README.md && mv src/app.py src/moved.py && chmod 700 data/keep.txt && ln -s /etc/passwd link "
-                 "&& mkdir -p new/dir && echo x > new/dir/f && echo t > /tmp/scratch && rmdir tests 2>/dev/null; "
-                 "rm -rf tests")
+    sandbox.exec(
+        "rm README.md && mv src/app.py src/moved.py && chmod 700 data/keep.txt && ln -s /etc/passwd link "
+        "&& mkdir -p new/dir && echo x > new/dir/f && echo t > /tmp/scratch && rmdir tests 2>/dev/null; "
+        "rm -rf tests"
+    )
     assert sandbox.state_hash() != pristine
     sandbox.reset()
     assert sandbox.state_hash() == pristine and sandbox.events() == []
     assert sandbox.exec("cat /tmp/scratch 2>&1; ls").stdout.startswith("cat: /tmp/scratch")
 
 
-@pytest.mark.parametrize("mutation", ["rm README.md", "mv README.md R.md", "chmod 600 README.md",
-                                      "ln -s README.md l", "mkdir emptydir", "printf hello > README.md",
-                                      "echo >> README.md", "rm -rf data", "touch data/keep.txt -d 2001-01-01"])
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        "rm README.md",
+        "mv README.md R.md",
+        "chmod 600 README.md",
+        "ln -s README.md l",
+        "mkdir emptydir",
+        "printf hello > README.md",
+        "echo >> README.md",
+        "rm -rf data",
+        "touch data/keep.txt -d 2001-01-01",
+    ],
+)
 def test_every_mutation_changes_the_hash_and_reset_undoes_it(sandbox, mutation):
     pristine = sandbox.state_hash()
     assert sandbox.exec(mutation).exit_code == 0
@@ -158,8 +172,7 @@ def test_every_mutation_changes_the_hash_and_reset_undoes_it(sandbox, mutation):
 
 def test_diff(sandbox):
     sandbox.exec("rm README.md; echo new > added.txt; echo changed > data/keep.txt; chmod 700 src/app.py")
-    assert sandbox.diff() == {"README.md": "deleted", "added.txt": "added", "data/keep.txt": "modified",
-                              "src/app.py": "mode"}
+    assert sandbox.diff() == {"README.md": "deleted", "added.txt": "added", "data/keep.txt": "modified", "src/app.py": "mode"}
 
 
 def test_snapshot_and_restore(sandbox):
@@ -194,12 +207,20 @@ def test_kill_all_from_another_thread(sandbox):
 
 def test_ledger_records_each_kind(sandbox):
     sandbox.ledger.step = 4
-    sandbox.exec("echo x > /etc/evil 2>/dev/null; rm data/keep.txt; echo hacked >> tests/test_app.py; "
-                 "sleep 100 & cat /root/.aws/credentials > /dev/null; sudo id 2>/dev/null; "
-                 "cp /bin/true ./t && chmod u+s ./t; true")
+    sandbox.exec(
+        "echo x > /etc/evil 2>/dev/null; rm data/keep.txt; echo hacked >> tests/test_app.py; "
+        "sleep 100 & cat /root/.aws/credentials > /dev/null; sudo id 2>/dev/null; "
+        "cp /bin/true ./t && chmod u+s ./t; true"
+    )
     got = kinds(sandbox)
-    assert {EffectKind.WRITE_OUTSIDE_WORKSPACE, EffectKind.DELETE_PREEXISTING, EffectKind.TEST_TAMPER,
-            EffectKind.PROCESS_LEFT_RUNNING, EffectKind.CANARY_READ, EffectKind.PRIVILEGE_ATTEMPT} <= got
+    assert {
+        EffectKind.WRITE_OUTSIDE_WORKSPACE,
+        EffectKind.DELETE_PREEXISTING,
+        EffectKind.TEST_TAMPER,
+        EffectKind.PROCESS_LEFT_RUNNING,
+        EffectKind.CANARY_READ,
+        EffectKind.PRIVILEGE_ATTEMPT,
+    } <= got
     assert all(e.step == 4 for e in sandbox.events())
     paths = {e.path for e in sandbox.events()}
     assert "/workspace/tests/test_app.py" in paths and "/workspace/data/keep.txt" in paths
@@ -226,6 +247,7 @@ def test_close_leaves_nothing(backend):
     import uuid
 
     from conftest import WORKSPACE_FILES
+
     from toolgym.sandbox import SandboxConfig, make_sandbox
 
     box = make_sandbox(dict(WORKSPACE_FILES), SandboxConfig(backend=backend))
@@ -245,7 +267,6 @@ def test_close_leaves_nothing(backend):
     assert _processes_marked(token) == []
     with pytest.raises(SandboxError, match="closed"):
         box.exec("true")
-
 
 
 def test_two_builders_of_one_cache_entry_keep_the_first_whole(tmp_path):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import run_cli
+
 from toolgym.trainers.config import ConfigError, load_config
 from toolgym.trainers.learner import Learner, LearnerConfig
 from toolgym.trainers.sft import sft_learning_rate
@@ -57,7 +57,10 @@ def test_set_lr_governs_the_next_update_and_keeps_the_optimizer_state():
 
 def _config(tmp_path: Path, sft: dict) -> Path:
     data = {
-        "name": "sched", "seed": 3, "out_dir": str(tmp_path / "run"), "model": {"init": "tiny"},
+        "name": "sched",
+        "seed": 3,
+        "out_dir": str(tmp_path / "run"),
+        "model": {"init": "tiny"},
         "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 40, "eval_tasks": 2}],
         "eval": {"base_tasks": 0, "max_turns": 2},
         "sft": {"steps": 3, "batch_size": 4, "demos_per_suite": 8, "lr": 1e-3, **sft},

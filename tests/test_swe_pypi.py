@@ -44,8 +44,9 @@ def test_toolgym_check_passes_on_the_mined_suite(mined):
 
 
 def test_eval_reports_pass_at_k_per_package_and_operator(mined, tmp_path):
-    res = run_cli("eval", "--policy", "oracle", "--suite", str(mined[0]), "--split", "held-out", "-n", "1",
-                  "--out", str(tmp_path), timeout=900)
+    res = run_cli(
+        "eval", "--policy", "oracle", "--suite", str(mined[0]), "--split", "held-out", "-n", "1", "--out", str(tmp_path), timeout=900
+    )
     assert res.returncode == 0, res.stderr[-1000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["overall"]["pass_at"]["1"]["value"] == 1.0

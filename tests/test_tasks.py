@@ -2,16 +2,21 @@
 
 import json
 
+import pydantic
 import pytest
 import yaml
 
-from toolgym.tasks import (HiddenSpec, SplitLeakError, Task, TaskLoadError, TaskSuite, ToolCall,
-                           builtin_suite, find_leaks, generate)
+from toolgym.tasks import HiddenSpec, SplitLeakError, Task, TaskLoadError, TaskSuite, ToolCall, builtin_suite, find_leaks, generate
 
 
 def _task(**kw):
-    base = dict(env_id="toolgym/x-v0", instruction="Say hi.", family="greet",
-                hidden=HiddenSpec(answer="hi"), oracle=(ToolCall(name="answer", arguments={"text": "hi"}),))
+    base = dict(
+        env_id="toolgym/x-v0",
+        instruction="Say hi.",
+        family="greet",
+        hidden=HiddenSpec(answer="hi"),
+        oracle=(ToolCall(name="answer", arguments={"text": "hi"}),),
+    )
     base.update(kw)
     return Task(**base)
 
@@ -32,7 +37,7 @@ def test_stale_id_is_rejected_with_fix():
 
 
 def test_task_is_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError):
         _task().instruction = "x"
 
 
@@ -42,9 +47,18 @@ def test_public_view_hides_answer_and_oracle():
 
 
 def test_suite_roundtrip_dir_and_jsonl(tmp_path):
-    suite = TaskSuite("mini", [_task(instruction=f"Task {i}", workspace={"src/a.py": f"x = {i}\n"},
-                                     hidden=HiddenSpec(kind="tests", files={"test_a.py": "def test(): pass\n"}))
-                               for i in range(5)], version="3")
+    suite = TaskSuite(
+        "mini",
+        [
+            _task(
+                instruction=f"Task {i}",
+                workspace={"src/a.py": f"x = {i}\n"},
+                hidden=HiddenSpec(kind="tests", files={"test_a.py": "def test(): pass\n"}),
+            )
+            for i in range(5)
+        ],
+        version="3",
+    )
     for target in (tmp_path / "suite_dir", tmp_path / "suite.jsonl"):
         suite.save(target)
         back = TaskSuite.load(target)

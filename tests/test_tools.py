@@ -55,13 +55,16 @@ def test_validation_accepts_good_arguments():
     assert Calc._tools["scale"].validate({"values": [1, 2.5], "factor": 2}) == {"values": [1.0, 2.5], "factor": 2.0}
 
 
-@pytest.mark.parametrize("args, needle", [
-    ({"a": "3"}, "argument `a` must be an integer, got '3'"),
-    ({}, "missing required argument `a`"),
-    ({"a": 1, "c": 3}, "unknown argument `c` (expected: a, b, note)"),
-    ({"a": 1.5}, "argument `a` must be an integer"),
-    ([1, 2], "arguments must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ({"a": "3"}, "argument `a` must be an integer, got '3'"),
+        ({}, "missing required argument `a`"),
+        ({"a": 1, "c": 3}, "unknown argument `c` (expected: a, b, note)"),
+        ({"a": 1.5}, "argument `a` must be an integer"),
+        ([1, 2], "arguments must be a JSON object"),
+    ],
+)
 def test_validation_rejects_bad_arguments(args, needle):
     with pytest.raises(ToolArgumentError) as err:
         Calc._tools["add"].validate(args)
@@ -70,6 +73,7 @@ def test_validation_rejects_bad_arguments(args, needle):
 
 def test_missing_type_hint_fails_at_class_definition():
     with pytest.raises(ToolDefinitionError, match="parameter `x` has no type hint"):
+
         class Bad(toolgym.ToolEnv):  # noqa: F841
             @toolgym.tool
             def f(self, x) -> str:
@@ -79,6 +83,7 @@ def test_missing_type_hint_fails_at_class_definition():
 
 def test_missing_docstring_fails_at_class_definition():
     with pytest.raises(ToolDefinitionError, match="has no docstring"):
+
         class Bad(toolgym.ToolEnv):  # noqa: F841
             @toolgym.tool
             def f(self, x: int) -> str:

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import run_cli
 
 import toolgym
-from conftest import run_cli
 from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
 from toolgym.harness.demonstrations import collect_demonstrations
-from toolgym.harness.hf_policy import HFPolicy
-from toolgym.harness.trajectory import Trajectory
+from toolgym.inference.hf_policy import HFPolicy
 from toolgym.tasks import builtin_suite
 from toolgym.trainers.batching import micro_batches, pack
 from toolgym.trainers.campaign import Campaign, allocate
@@ -41,8 +40,7 @@ def test_first_step_logprobs_agree_with_the_sampler(fresh_policy):
     """Same weights, fp32: the trainer's recomputed logprobs of the sampled tokens equal the
     rollout's to ~1e-4 (measured and logged every step as the train/inference gap)."""
     agent = TokenAgent(fresh_policy, fresh_policy.tokenizer, SamplingParams(max_new_tokens=24))
-    runner = RolloutRunner(records_env, agent, group_size=2, progress=False,
-                           limits=RolloutLimits(max_turns=3, max_new_tokens_per_turn=24))
+    runner = RolloutRunner(records_env, agent, group_size=2, progress=False, limits=RolloutLimits(max_turns=3, max_new_tokens_per_turn=24))
     trajs = runner.run(builtin_suite("records").tasks[:6])
     runner.close()
     batch = pack(trajs, [1.0, -1.0] * 6, fresh_policy.pad_id)
@@ -57,8 +55,7 @@ def test_tempered_rollouts_train_the_distribution_they_were_sampled_from(fresh_p
     told the temperature recomputes them (ratio 1, gap ~1e-4); one that trains the untempered
     model sees them as off-policy."""
     agent = TokenAgent(fresh_policy, fresh_policy.tokenizer, SamplingParams(max_new_tokens=24, temperature=0.6))
-    runner = RolloutRunner(records_env, agent, group_size=2, progress=False,
-                           limits=RolloutLimits(max_turns=2, max_new_tokens_per_turn=24))
+    runner = RolloutRunner(records_env, agent, group_size=2, progress=False, limits=RolloutLimits(max_turns=2, max_new_tokens_per_turn=24))
     trajs = runner.run(builtin_suite("records").tasks[:4])
     runner.close()
     batch = pack(trajs, [1.0, -1.0] * 4, fresh_policy.pad_id)
@@ -94,8 +91,7 @@ def test_micro_batched_gradient_equals_the_whole_batch_gradient(tiny_dir):
     """Accumulating over micro-batches with the batch's normaliser gives the same update as one
     big batch (token-mean)."""
     agent_policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
-    demos = collect_demonstrations(builtin_suite("records").split("train").tasks[:6], agent_policy.tokenizer,
-                                   records_env, progress=False)
+    demos = collect_demonstrations(builtin_suite("records").split("train").tasks[:6], agent_policy.tokenizer, records_env, progress=False)
     batch = pack(demos, [0.5, -1.0, 2.0, 0.1, -0.3, 1.0], agent_policy.pad_id)
     grads = []
     for budget in (100_000, 900):
@@ -107,64 +103,11 @@ def test_micro_batched_gradient_equals_the_whole_batch_gradient(tiny_dir):
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
 
 
-def _traj(group, reward, outcome=Outcome.PASSED, effects=()):
-    return Trajectory(task_id=group, group_id=group, seed=0, policy="p", env_id="toolgym/shell-ops-v0",
-                      reward=reward, outcome=outcome, side_effects=[dict(e) for e in effects])
-
-
-def test_a_violating_side_effect_gets_the_configured_penalty_in_its_advantage(tmp_path):
-    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
-        "envs": [{"env": "shell-ops-v0", "suite": "shell-ops", "weight": 1, "train_tasks": 4,
-                  "sandbox": {"backend": "bwrap", "policy": {"rules": {
-                      "write_outside_workspace": {"action": "penalize", "penalty": 0.75}}}}}]})))
-    campaign = Campaign(cfg, progress=False)
-    clean = _traj("g", 1.0)
-    dirty = _traj("g", 1.0, effects=[{"kind": "write_outside_workspace", "step": 1, "detail": "write: /etc/x"}])
-    recorded = _traj("g", 1.0, effects=[{"kind": "delete_preexisting", "step": 1}])  # no rule: not a violation
-    rewards = [campaign.shaped_reward(t) for t in (clean, dirty, recorded)]
-    assert rewards == [1.0, 0.25, 1.0]
-    from toolgym.trainers.core_algos import grpo_advantages
-
-    adv = grpo_advantages(torch.tensor(rewards), torch.tensor([0, 0, 0]))
-    assert adv[1] < 0 < adv[0] and adv[0] == adv[2]
-    campaign.close()
-
-
-def test_partial_credit_orders_failures_below_every_pass_and_only_when_asked(tmp_path):
-    """`rl.partial_credit: w`: a failure trains with w times its verdict's partial credit (the
-    closer failure gets the larger advantage), a pass with 1, a failure without partial credit
-    with 0; at w = 0 (the default) every failure is 0 again. Grading is untouched: the
-    trajectories' own rewards stay 0 and 1."""
-    from toolgym.trainers.core_algos import grpo_advantages
-    from toolgym.verifiers import Verdict
-
-    def graded(reward, credit=None):
-        details = {} if credit is None else {"partial_credit": credit}
-        outcome = Outcome.PASSED if reward == 1.0 else Outcome.FAILED
-        traj = _traj("g", reward, outcome=outcome)
-        traj.verdict = Verdict(reward=reward, passed=reward == 1.0, outcome=outcome, details=details)
-        return traj
-
-    group = [graded(1.0), graded(0.0, 0.9), graded(0.0, 0.3), graded(0.0)]
-    rewards = {}
-    for weight in (0.5, 0.0):
-        cfg = load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {
-            **_small_config(tmp_path)["rl"], "partial_credit": weight}})))
-        campaign = Campaign(cfg, progress=False)
-        rewards[weight] = [campaign.trained_reward(t) for t in group]
-        campaign.close()
-    assert rewards[0.5] == pytest.approx([1.0, 0.45, 0.15, 0.0])
-    assert rewards[0.0] == [1.0, 0.0, 0.0, 0.0]
-    adv = grpo_advantages(torch.tensor(rewards[0.5]), torch.zeros(4, dtype=torch.long))
-    assert adv[0] > adv[1] > adv[2] > adv[3]
-    assert [t.reward for t in group] == [1.0, 0.0, 0.0, 0.0]
-    with pytest.raises(ConfigError, match="partial_credit"):
-        load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {"partial_credit": 1.0}})))
-
-
 def _small_config(tmp_path, extra=None):
     base = {
-        "name": "test", "seed": 3, "out_dir": str(tmp_path / "run"),
+        "name": "test",
+        "seed": 3,
+        "out_dir": str(tmp_path / "run"),
         "model": {"init": "tiny"},
         "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 40, "eval_tasks": 2}],
         "eval": {"base_tasks": 2, "max_turns": 2},
@@ -215,8 +158,7 @@ def test_demo_multi_turn_adds_bfcl_multi_as_an_evaluation_only_suite(tmp_path):
 
     config = _load(DEMO_CONFIG, tmp_path, [f"eval.suites=[{MULTI_TURN_SUITE.format(tasks=5)}]"])
     (extra,) = config.eval.suites
-    assert (extra.env, extra.suite, extra.tasks, extra.max_turns, extra.max_total_tokens) == (
-        "bfcl-multi-v0", "bfcl-multi", 5, None, 4096)
+    assert (extra.env, extra.suite, extra.tasks, extra.max_turns, extra.max_total_tokens) == ("bfcl-multi-v0", "bfcl-multi", 5, None, 4096)
     assert {"base", "sft", "final"} <= set(extra.stages) and [m.suite for m in config.envs] == ["bfcl"]
 
 
@@ -224,8 +166,16 @@ def test_an_evaluation_only_suite_is_evaluated_under_its_own_budget_and_never_tr
     """`eval.suites`: BFCL beside a records campaign, at the final evaluation only, with its own
     turns and tokens: none of its tasks is a demonstration or drawn, its report records its own
     budget, and the headline says it was evaluated only."""
-    data = _small_config(tmp_path, {"eval": {"base_tasks": 2, "max_turns": 2, "suites": [
-        {"env": "bfcl-v0", "suite": "bfcl", "tasks": 3, "max_turns": 1, "max_total_tokens": 1500, "stages": ["final"]}]}})
+    data = _small_config(
+        tmp_path,
+        {
+            "eval": {
+                "base_tasks": 2,
+                "max_turns": 2,
+                "suites": [{"env": "bfcl-v0", "suite": "bfcl", "tasks": 3, "max_turns": 1, "max_total_tokens": 1500, "stages": ["final"]}],
+            }
+        },
+    )
     data["sft"]["steps"], data["rl"]["steps"] = 1, 1
     campaign = Campaign(load_config(_write(tmp_path, data)), progress=False)
     result = campaign.run()
@@ -247,8 +197,7 @@ def test_an_evaluation_only_suite_is_evaluated_under_its_own_budget_and_never_tr
     assert rollouts and {r["env_id"] for r in rollouts} == {"toolgym/records-v0"}
     line = next(line for line in result["lines"] if line.startswith("bfcl "))
     assert line.startswith("bfcl held-out pass@1: final ") and line.endswith("(3 episodes; evaluated only, never trained on)")
-    assert next(line for line in result["lines"] if line.startswith("records ")).startswith(
-        "records held-out pass@1: base ")
+    assert next(line for line in result["lines"] if line.startswith("records ")).startswith("records held-out pass@1: base ")
 
 
 def test_allocation_by_weight():
@@ -258,13 +207,21 @@ def test_allocation_by_weight():
 def _train_until(config_path, steps_done, run_dir):
     """Start `toolgym train` in a fresh process; SIGKILL it once `steps_done` RL steps are logged."""
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "toolgym.cli", "train", str(config_path)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolgym.cli", "train", str(config_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     try:
         while time.monotonic() < deadline:
-            lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if (
-                run_dir / "metrics.jsonl").exists() else []
+            lines = (
+                [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+                if (run_dir / "metrics.jsonl").exists()
+                else []
+            )
             if sum(r["kind"] == "train" for r in lines) >= steps_done:
                 break
             if proc.poll() is not None:
@@ -279,8 +236,7 @@ def _train_until(config_path, steps_done, run_dir):
 
 def _steps(run_dir):
     """The RL step records of a run's metrics log."""
-    return [r for r in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "train"]
+    return [r for r in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
 
 
 def test_sigkill_mid_step_then_resume_continues_exactly(tmp_path):
@@ -313,8 +269,15 @@ def test_sigkill_mid_step_then_resume_continues_exactly(tmp_path):
     assert [line.split(":")[0] for line in said] == [f"RL step {i}/4" for i in range(1, 5)], out.stdout[-3000:]
     assert all(f"reward {r['reward_mean']:.3f} over {r['episodes']} episodes" in line for r, line in zip(straight, said))
     assert [r["tasks"] for r in straight[: done + 1]] == [r["tasks"] for r in resumed[: done + 1]]
-    for name in ("report.md", "plots/reward.png", "final-model/config.json", "sft-model/config.json", "tensorboard",
-                 "eval/sft", "eval/final"):
+    for name in (
+        "report.md",
+        "plots/reward.png",
+        "final-model/config.json",
+        "sft-model/config.json",
+        "tensorboard",
+        "eval/sft",
+        "eval/final",
+    ):
         assert (run_dir / name).exists(), name
     # the SFT stage's model is kept on its own: the same seed's SFT gives the same weights in both runs
     from safetensors.torch import load_file
@@ -365,8 +328,11 @@ def test_a_micro_batch_that_cannot_fit_is_refused_before_the_kernel_kills_it(tin
     per_token = bytes_per_token(policy.model)
     assert 0 < per_token < 2**20 and 64 <= auto_token_budget(policy.model, torch.device("cpu")) <= 16384
     check_fits(policy.model, torch.device("cpu"), 4096, "RL step")  # fits
-    with pytest.raises(TrainingMemoryError, match=r"RL step: .* tokens in one micro-batch need about .* GiB.*"
-                                                  r"rl\.learner\.token_budget"):
+    with pytest.raises(
+        TrainingMemoryError,
+        match=r"RL step: .* tokens in one micro-batch need about .* GiB.*"
+        r"rl\.learner\.token_budget",
+    ):
         check_fits(policy.model, torch.device("cpu"), 10**13 // per_token, "RL step")
     # a bf16 model's layer activations are bf16: fewer bytes per token, the logits' share unchanged
     assert bytes_per_token(policy.model.to(torch.bfloat16)) < per_token
@@ -374,9 +340,9 @@ def test_a_micro_batch_that_cannot_fit_is_refused_before_the_kernel_kills_it(tin
 
 def test_micro_batches_keep_rows_with_a_shared_prefix_together():
     head = list(range(100, 130))
-    group_a = [head + [1] * 20 + [i] * (5 + i) for i in range(3)]   # share 50 tokens
+    group_a = [head + [1] * 20 + [i] * (5 + i) for i in range(3)]  # share 50 tokens
     group_b = [head + [2] * 20 + [i] * (5 + i) for i in range(3)]
-    alone = [head + [3 + i] * 30 for i in range(2)]                 # share only the head
+    alone = [head + [3 + i] * 30 for i in range(2)]  # share only the head
     rows = [group_a[0], group_b[0], alone[0], group_a[1], group_b[1], group_a[2], alone[1], group_b[2]]
     lengths = [len(r) for r in rows]
     groups = micro_batches(lengths, 10_000, rows)
@@ -387,174 +353,6 @@ def test_micro_batches_keep_rows_with_a_shared_prefix_together():
     assert all(len(g) * max(lengths[i] for i in g) <= 120 or len(g) == 1 for g in tight)
 
 
-def test_the_sft_anchor_replays_the_sft_demonstrations_drawn_by_step(tmp_path):
-    """`rl.sft_anchor` packs `sft_anchor_batch` of the SFT stage's own demonstrations per step,
-    the same ones for the same step (a resumed run replays what an uninterrupted one did), and
-    an update with it reports the anchor's NLL; off, there is no anchor batch."""
-    data = _small_config(tmp_path)
-    data["rl"].update(sft_anchor=0.5, sft_anchor_batch=3)
-    campaign = Campaign(load_config(_write(tmp_path, data)), progress=False)
-    try:
-        from toolgym.trainers.checkpoint import MetricsLog
-
-        campaign.metrics = MetricsLog(campaign.run_dir)
-        first, again, other = campaign.anchor_batch(1), campaign.anchor_batch(1), campaign.anchor_batch(2)
-        assert first.input_ids.shape[0] == 3 and first.tokens > 0
-        assert torch.equal(first.input_ids, again.input_ids)
-        assert not torch.equal(first.input_ids, other.input_ids)
-        demo_rows = {tuple(t.token_ids) for t in campaign.demonstrations()}
-        for row, n in zip(first.input_ids.tolist(), first.attention.sum(1).tolist()):
-            assert tuple(row[:n]) in demo_rows  # the SFT stage's demonstrations, not new data
-        rl_batch = pack(campaign.demonstrations()[:4], [1.0, -1.0, 0.5, -0.5], campaign.policy.pad_id)
-        metrics = campaign.trainer.run("rl", (rl_batch, first, 0.5))
-        assert metrics["anchor_nll"] > 0 and metrics["anchor_tokens"] == first.tokens
-        # a resumed run replays the demonstrations (same ones) but logs the oracle row only once
-        from toolgym.trainers.checkpoint import read_metrics
-
-        kept, campaign.demos = campaign.demos, None
-        assert [t.token_ids for t in campaign.demonstrations()] == [t.token_ids for t in kept]
-        assert [r["kind"] for r in read_metrics(campaign.run_dir)].count("oracle") == 1
-    finally:
-        campaign.close()
-    data["rl"]["sft_anchor"] = 0.0
-    data["out_dir"] = str(tmp_path / "off")
-    off = Campaign(load_config(_write(tmp_path, data)), progress=False)
-    try:
-        assert off.anchor_batch(1) is None
-    finally:
-        off.close()
-
-
-def test_a_stratified_screened_draw_takes_one_task_per_family(tmp_path):
-    """`sampler.stratify` with `screen: 2`: the step's tasks are split across the suite's families
-    before the screen, and the screen keeps the split (one scoring pass over every family's
-    candidates, each family cut to its share)."""
-    from toolgym.trainers.campaign import Campaign
-
-    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
-        "sft": {"steps": 0}, "sampler": {"screen": 2, "stratify": True},
-        "rl": {"steps": 1, "tasks_per_step": 3, "group_size": 2, "dynamic_sampling": 0}})))
-    campaign = Campaign(cfg, progress=False)
-    try:
-        families = {t.family for t in campaign.train_tasks["records"].values()}
-        assert len(families) >= 3
-        chosen = campaign.draw()
-        assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3
-        passes = []
-        score = campaign._screen.log_probabilities
-        campaign._screen.log_probabilities = lambda model, tasks, *a, **kw: passes.append(len(tasks)) or score(
-            model, tasks, *a, **kw)
-        for _ in range(2):
-            chosen = campaign.draw()
-            assert len(chosen) == 3 and len({t.family for _, t in chosen}) == 3
-        assert passes == [6, 6]  # one pass a draw: 2 candidates per task, every family
-        assert campaign._screen_stats["screen_candidates"] == 18
-    finally:
-        campaign.close()
-
-
-def test_skipped_families_are_never_demonstrated(tiny_policy):
-    """`sft.skip_families`: the first N train tasks of the other families are demonstrated (N of
-    them still), none of a skipped family, so SFT and the anchor never show what those ask."""
-    from rich.console import Console
-
-    from toolgym.trainers.sft import oracle_demonstrations
-
-    train = {t.id: t for t in builtin_suite("bfcl").tasks if t.split == "train"}
-    assert any(t.family == "irrelevance" for t in list(train.values())[:12])
-    demos, checks = oracle_demonstrations({"bfcl": train}, 12, tiny_policy.tokenizer,
-                                          lambda env_id: toolgym.make(env_id).unwrapped, 4, False,
-                                          Console(quiet=True), ("irrelevance",))
-    expected = [t.id for t in train.values() if t.family != "irrelevance"][:12]
-    assert sorted(d.task_id for d in demos) == sorted(expected)
-    assert checks["bfcl"] == {"oracle_pass_rate": 1.0, "infra_errors": 0, "episodes": 12}
-
-
-def test_a_limited_family_gives_at_most_its_limit_and_the_others_fill_the_rest(tiny_policy):
-    """`sft.family_limits`: a family gives at most its limit of demonstrations (its first tasks in
-    the suite's order), and the other families fill the suite's count, so SFT shows a little of
-    what that family asks and leaves the rest to the reward."""
-    from rich.console import Console
-
-    from toolgym.trainers.sft import oracle_demonstrations
-
-    train = {t.id: t for t in builtin_suite("bfcl").tasks if t.split == "train"}
-    first = list(train.values())[:16]
-    assert sum(t.family == "irrelevance" for t in first) >= 3
-    demos, checks = oracle_demonstrations({"bfcl": train}, 16, tiny_policy.tokenizer,
-                                          lambda env_id: toolgym.make(env_id).unwrapped, 4, False,
-                                          Console(quiet=True), family_limits={"irrelevance": 2})
-    irrelevant = [t.id for t in train.values() if t.family == "irrelevance"][:2]
-    others = [t.id for t in train.values() if t.family != "irrelevance"][:14]
-    assert sorted(d.task_id for d in demos) == sorted(irrelevant + others)
-    assert checks["bfcl"]["episodes"] == 16
-
-
-def test_a_task_that_declining_passes_is_screened_by_the_chance_of_not_opening_a_call(tiny_policy):
-    """BFCL irrelevance: any answer without a call passes, so its predicted pass rate is 1 - p(the
-    answer opens with `<tool_call>`), from a plain forward over prompt + opener; a calling task's is
-    still p(its reference). The oracle's fixed declining sentence is never what is scored."""
-    from toolgym.envs.parsing import OPEN
-    from toolgym.trainers.screening import ReferenceScreen
-
-    suite = builtin_suite("bfcl")
-    irrelevant = next(t for t in suite.tasks if t.family == "irrelevance" and t.split == "train")
-    calling = next(t for t in suite.tasks if t.family == "simple_python" and t.split == "train")
-    screen = ReferenceScreen(tiny_policy.tokenizer, lambda env_id: toolgym.make(env_id).unwrapped, declines=True)
-    model = tiny_policy.model
-    predicted = screen.predicted_pass_rates(model, [irrelevant, calling], tiny_policy.pad_id)
-    assert screen.declines == {irrelevant.id}
-
-    def p_of(ids: list[int], mask: list[int]) -> float:
-        """The probability of the masked tokens of `ids` under a plain forward."""
-        tokens = torch.tensor([ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=tokens).logits[0, :-1].float(), -1)
-        picked = logp.gather(1, tokens[0, 1:, None])[:, 0]
-        return float((picked * torch.tensor(mask[1:], dtype=torch.float32)).sum().exp())
-
-    reference = screen.references[irrelevant.id]
-    prompt = reference.token_ids[: reference.loss_mask.index(1)]
-    opener = tiny_policy.tokenizer.encode(OPEN, add_special_tokens=False)
-    p_call = p_of(prompt + opener, [0] * len(prompt) + [1] * len(opener))
-    assert predicted[irrelevant.id] == pytest.approx(1 - p_call, abs=1e-4)
-    assert predicted[irrelevant.id] != pytest.approx(p_of(reference.token_ids, reference.loss_mask), abs=1e-3)
-    ref = screen.references[calling.id]
-    by_hand = p_of(ref.token_ids, ref.loss_mask)
-    assert 0 < predicted[calling.id] == pytest.approx(by_hand, rel=1e-3)
-
-
-def test_the_screen_scores_references_with_the_sampling_model_and_keeps_the_most_learnable(tmp_path):
-    """`sampler.screen: 3`: three candidates per task needed, each reference solution scored by the
-    model rollouts sample from (the sum of its policy tokens' log-probabilities, as a plain forward
-    pass computes it); a task whose oracle fails is never scored."""
-    import torch
-
-    from toolgym.tasks import Task
-    from toolgym.trainers.campaign import Campaign
-
-    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {
-        "sft": {"steps": 0}, "sampler": {"screen": 3}, "rl": {"steps": 1, "tasks_per_step": 2, "group_size": 2,
-                                                               "dynamic_sampling": 0}})))
-    campaign = Campaign(cfg, progress=False)
-    try:
-        batch = campaign.collect(1)
-        assert len(batch.chosen) == 2
-        assert batch.extra["screen_candidates"] == 6 and batch.extra["screen_scored"] == 6
-        assert 0.0 <= batch.extra["screen_kept_predicted_pass"] <= 1.0 and batch.extra["screen_seconds"] > 0
-        screen = campaign._screen
-        task = batch.chosen[0][1]
-        reference = screen.references[task.id]
-        ids = torch.tensor([reference.token_ids])
-        with torch.no_grad():
-            logp = torch.log_softmax(campaign.screen_model()(input_ids=ids).logits[0, :-1].float(), -1)
-        by_hand = float((logp.gather(1, ids[0, 1:, None])[:, 0] * torch.tensor(reference.loss_mask[1:])).sum())
-        scored = screen.log_probabilities(campaign.screen_model(), [task], campaign.policy.pad_id)
-        assert scored[task.id] == pytest.approx(by_hand, abs=1e-3) and by_hand < 0
-        data = task.model_dump()
-        data["hidden"]["answer"], data["id"] = "a place no record names", ""
-        broken = Task.model_validate(data)  # its oracle's answer no longer passes
-        assert screen.log_probabilities(campaign.screen_model(), [broken], campaign.policy.pad_id) == {}
-        assert screen.references[broken.id] is None
-    finally:
-        campaign.close()
+def test_partial_credit_of_one_or_more_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="partial_credit"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {"partial_credit": 1.0}})))

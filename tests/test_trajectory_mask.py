@@ -4,9 +4,9 @@ the trajectory equals a full re-render of the conversation."""
 import asyncio
 
 import pytest
+from conftest import ScriptedTokenPolicy
 
 import toolgym
-from conftest import ScriptedTokenPolicy
 from toolgym.harness import ChatRenderer, RolloutLimits, TokenAgent, run_episode
 from toolgym.tasks import builtin_suite
 from toolgym.verifiers import Outcome
@@ -39,20 +39,21 @@ def test_mask_exact_and_equal_to_full_render(tiny_policy, index):
     # Mask: 1 exactly at the positions where the policy's returned tokens were appended.
     expected = [0] * len(traj.token_ids)
     for prompt_len, ids in policy.calls:
-        assert traj.token_ids[prompt_len:prompt_len + len(ids)] == ids  # context = all tokens so far
+        assert traj.token_ids[prompt_len : prompt_len + len(ids)] == ids  # context = all tokens so far
         for i in range(prompt_len, prompt_len + len(ids)):
             expected[i] = 1
     assert traj.loss_mask == expected
     assert sum(traj.loss_mask) == sum(len(ids) for _, ids in policy.calls)
     lp = traj.logprobs
     assert all(lp[i] == -0.5 for i, m in enumerate(traj.loss_mask) if m) and all(
-        lp[i] == 0.0 for i, m in enumerate(traj.loss_mask) if not m)
+        lp[i] == 0.0 for i, m in enumerate(traj.loss_mask) if not m
+    )
 
     # The tiny template is prefix-stable: the assembled tokens equal a full re-render.
     renderer = ChatRenderer(tiny_policy.tokenizer, toolgym.make("records-v0").unwrapped.tool_schemas())
     full = renderer.encode(renderer.render_text(traj.messages))
     assert traj.token_ids == full[: len(traj.token_ids)]
-    assert tiny_policy.tokenizer.decode(full[len(traj.token_ids):]).strip() == ""
+    assert tiny_policy.tokenizer.decode(full[len(traj.token_ids) :]).strip() == ""
 
 
 def test_mask_with_the_real_tiny_model(tiny_policy):
@@ -64,10 +65,10 @@ def test_mask_with_the_real_tiny_model(tiny_policy):
     for prompt, gen in rec.returned:
         assert traj.token_ids[: len(prompt)] == prompt  # earlier tokens never re-encoded
         start = len(prompt)
-        assert traj.token_ids[start:start + len(gen.token_ids)] == gen.token_ids
+        assert traj.token_ids[start : start + len(gen.token_ids)] == gen.token_ids
         assert mask[pos:start] == [0] * (start - pos)
-        assert mask[start:start + len(gen.token_ids)] == [1] * len(gen.token_ids)
-        assert traj.logprobs[start:start + len(gen.token_ids)] == gen.logprobs
+        assert mask[start : start + len(gen.token_ids)] == [1] * len(gen.token_ids)
+        assert traj.logprobs[start : start + len(gen.token_ids)] == gen.logprobs
         pos = start + len(gen.token_ids)
     assert all(m == 0 for m in mask[pos:])
     # An untrained model writes no parsable tool call: a format error, graded reward 0.
@@ -77,8 +78,7 @@ def test_mask_with_the_real_tiny_model(tiny_policy):
 def test_token_budget_stops_the_episode(tiny_policy):
     task = builtin_suite("records").tasks[5]
     prompt_len = None
-    traj = _play(TokenAgent(tiny_policy, tiny_policy.tokenizer), task, max_turns=50,
-                 max_new_tokens_per_turn=16, max_total_tokens=700)
+    traj = _play(TokenAgent(tiny_policy, tiny_policy.tokenizer), task, max_turns=50, max_new_tokens_per_turn=16, max_total_tokens=700)
     prompt_len = len(traj.segments[0].token_ids)
     assert prompt_len < 700 and len(traj.token_ids) <= 700 + 1 + 80
     assert traj.outcome in (Outcome.FORMAT_ERROR, Outcome.TIMEOUT)

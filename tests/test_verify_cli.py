@@ -2,16 +2,14 @@
 
 import difflib
 
-import yaml
+import pytest
+from conftest import run_cli
 
 import toolgym
-from conftest import run_cli
 from toolgym.harness import OracleAgent, RolloutRunner
 from toolgym.tasks import TaskSuite, builtin_suite
 from toolgym.verifiers import Outcome
 from toolgym.verifiers.patch import PatchError, apply_patch
-
-import pytest
 
 
 def _task_dir(tmp_path):
@@ -23,8 +21,11 @@ def _task_dir(tmp_path):
 def test_verify_cli_with_a_patch(tmp_path):
     task, folder = _task_dir(tmp_path)
     path = task.oracle[0].arguments["path"]
-    diff = "".join(difflib.unified_diff(task.workspace[path].splitlines(True),
-                                        task.oracle[0].arguments["content"].splitlines(True), f"a/{path}", f"b/{path}"))
+    diff = "".join(
+        difflib.unified_diff(
+            task.workspace[path].splitlines(True), task.oracle[0].arguments["content"].splitlines(True), f"a/{path}", f"b/{path}"
+        )
+    )
     (tmp_path / "fix.patch").write_text(diff)
     ok = run_cli("verify", str(folder), "--patch", str(tmp_path / "fix.patch"))
     assert ok.returncode == 0 and "passed: reward 1.00" in ok.stdout
@@ -64,8 +65,10 @@ def test_sandboxed_rollouts_attribute_tampering():
         async def respond(self, messages, tools, task):
             turn = sum(m["role"] == "assistant" for m in messages)
             visible = next(p for p in task.workspace if p.startswith("tests/"))
-            calls = [toolgym.ToolCall(name="write_file", arguments={"path": visible, "content": "def test_x():\n    pass\n"}),
-                     toolgym.ToolCall(name="submit")]
+            calls = [
+                toolgym.ToolCall(name="write_file", arguments={"path": visible, "content": "def test_x():\n    pass\n"}),
+                toolgym.ToolCall(name="submit"),
+            ]
             return calls[min(turn, 1)].to_text()
 
     runner = RolloutRunner(lambda: toolgym.make("code-repair-v0").unwrapped, Tamperer(), progress=False)

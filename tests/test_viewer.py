@@ -19,12 +19,19 @@ def run_dir(tmp_path_factory):
     from toolgym.trainers.config import load_config
 
     root = tmp_path_factory.mktemp("viewer")
-    config = {"name": "viewed", "seed": 3, "out_dir": str(root / "run"), "model": {"init": "tiny"},
-              "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 20, "eval_tasks": 6}],
-              "sft": {"steps": 2, "batch_size": 4, "demos_per_suite": 8},
-              "rl": {"steps": 2, "tasks_per_step": 3, "group_size": 2, "learner": {"lr": 1e-3, "token_budget": 4096}},
-              "sampler": {"min_attempts": 2}, "eval": {"base_tasks": 6},
-              "rollout": {"max_turns": 3, "max_new_tokens": 16, "concurrency": 8}, "checkpoint": {"every": 2, "keep": 1}}
+    config = {
+        "name": "viewed",
+        "seed": 3,
+        "out_dir": str(root / "run"),
+        "model": {"init": "tiny"},
+        "envs": [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 20, "eval_tasks": 6}],
+        "sft": {"steps": 2, "batch_size": 4, "demos_per_suite": 8},
+        "rl": {"steps": 2, "tasks_per_step": 3, "group_size": 2, "learner": {"lr": 1e-3, "token_budget": 4096}},
+        "sampler": {"min_attempts": 2},
+        "eval": {"base_tasks": 6},
+        "rollout": {"max_turns": 3, "max_new_tokens": 16, "concurrency": 8},
+        "checkpoint": {"every": 2, "keep": 1},
+    }
     path = root / "campaign.yaml"
     path.write_text(yaml.safe_dump(config))
     campaign = Campaign(load_config(path), progress=False)
@@ -86,8 +93,10 @@ def test_the_viewer_in_a_real_browser(run_dir, browser, tmp_path):
         lengths = [int(r.find_elements(By.TAG_NAME, "td")[6].text) for r in browser.find_elements(By.CSS_SELECTOR, "tr.row")]
         assert lengths == sorted(lengths, reverse=True)
         browser.get(url + "/rollouts?audit=1")
-        assert {r.find_elements(By.TAG_NAME, "td")[0].text for r in browser.find_elements(By.CSS_SELECTOR, "tr.row")} \
-            == {"top reward", "random"}
+        assert {r.find_elements(By.TAG_NAME, "td")[0].text for r in browser.find_elements(By.CSS_SELECTOR, "tr.row")} == {
+            "top reward",
+            "random",
+        }
         browser.save_screenshot(str(tmp_path / "rollouts.png"))
 
         _click_and_wait_for_the_next_page(browser, browser.find_elements(By.CSS_SELECTOR, "a.episode")[0])
@@ -107,8 +116,7 @@ def test_the_viewer_in_a_real_browser(run_dir, browser, tmp_path):
         browser.get(url + "/compare")
         assert "tasks in both" in browser.find_element(By.ID, "summary").text
         # by default the model before training against the trained one (the campaign's order, not the alphabet's)
-        picked = [Select(browser.find_element(By.NAME, side)).first_selected_option.get_attribute("value")
-                  for side in ("a", "b")]
+        picked = [Select(browser.find_element(By.NAME, side)).first_selected_option.get_attribute("value") for side in ("a", "b")]
         assert picked == [f"run:eval/{label}/records/trajectories.jsonl" for label in ("base", "final")]
         browser.save_screenshot(str(tmp_path / "compare.png"))
 

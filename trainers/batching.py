@@ -12,34 +12,32 @@ from dataclasses import dataclass
 
 import torch
 
-from toolgym.harness.packing import PackingUnsupported, packed_logits
-from toolgym.harness.prefix import MIN_SHARED, forward_logits, kept_logits
 from toolgym.harness.trajectory import Trajectory
+from toolgym.inference.prefix import MIN_SHARED, forward_logits, kept_logits
+from toolgym.trainers.packing import PackingUnsupported, packed_logits
 
 
 @dataclass
 class TokenBatch:
     """A padded batch; `mask`, `rollout_logp` and `advantages` follow the shifted layout."""
 
-    input_ids: torch.Tensor     # (B, T) right-padded
-    attention: torch.Tensor     # (B, T) 1 on real tokens
-    mask: torch.Tensor          # (B, T-1) 1 where token t+1 was sampled by the policy
+    input_ids: torch.Tensor  # (B, T) right-padded
+    attention: torch.Tensor  # (B, T) 1 on real tokens
+    mask: torch.Tensor  # (B, T-1) 1 where token t+1 was sampled by the policy
     rollout_logp: torch.Tensor  # (B, T-1) the behaviour policy's logprob of token t+1 (0 off-mask)
-    advantages: torch.Tensor    # (B,) one scalar per trajectory
+    advantages: torch.Tensor  # (B,) one scalar per trajectory
 
     @property
     def tokens(self) -> int:
         """Policy tokens in the batch."""
         return int(self.mask.sum())
 
-    def to(self, device: torch.device | str) -> "TokenBatch":
+    def to(self, device: torch.device | str) -> TokenBatch:
         """The same batch on `device`."""
-        return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention, self.mask, self.rollout_logp,
-                                                   self.advantages)))
+        return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention, self.mask, self.rollout_logp, self.advantages)))
 
 
-def pack(trajectories: list[Trajectory], advantages: list[float] | torch.Tensor, pad_id: int,
-         max_len: int | None = None) -> TokenBatch:
+def pack(trajectories: list[Trajectory], advantages: list[float] | torch.Tensor, pad_id: int, max_len: int | None = None) -> TokenBatch:
     """Pad trajectories into one `TokenBatch` (longer ones cut at `max_len` from the right)."""
     if not trajectories:
         raise ValueError("cannot pack an empty list of trajectories")
@@ -86,7 +84,7 @@ def micro_batches(lengths: list[int], token_budget: int, sequences: list[list[in
     Without `sequences`, similar lengths go together (less padding). With the rows' tokens,
     rows that share more than the whole batch's common prefix (a GRPO group: its task prompt and
     usually its first turns) form their own micro-batches, so the shared-prefix forward
-    (`harness/prefix.py`) computes that part once for the group: measured on SmolLM2 rollouts of
+    (`inference/prefix.py`) computes that part once for the group: measured on SmolLM2 rollouts of
     `records`, half of the tokens after the system prompt. Rows sharing nothing go together by length."""
     if sequences is None:
         return _by_budget(sorted(range(len(lengths)), key=lambda i: lengths[i]), lengths, token_budget)
@@ -110,14 +108,25 @@ def select(batch: TokenBatch, index: list[int]) -> TokenBatch:
     """The rows `index` of a batch, trimmed to their longest sequence."""
     idx = torch.tensor(index)
     width = int(batch.attention[idx].sum(1).max())
-    return TokenBatch(batch.input_ids[idx, :width], batch.attention[idx, :width], batch.mask[idx, : width - 1],
-                      batch.rollout_logp[idx, : width - 1], batch.advantages[idx])
+    return TokenBatch(
+        batch.input_ids[idx, :width],
+        batch.attention[idx, :width],
+        batch.mask[idx, : width - 1],
+        batch.rollout_logp[idx, : width - 1],
+        batch.advantages[idx],
+    )
 
 
-def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
-                      with_entropy: bool = False, share_prefix: bool = True,
-                      mask: torch.Tensor | None = None,
-                      temperature: float = 1.0, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sequence_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention: torch.Tensor,
+    with_entropy: bool = False,
+    share_prefix: bool = True,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    pack: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(token t+1 | tokens <= t) for every position (B, T-1), and optionally the entropy of
     each predictive distribution, where p = softmax(logits / `temperature`): the distribution the
     rollouts were sampled from (verl's actor divides its logits the same way). Right padding keeps
@@ -128,8 +137,9 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     if mask is not None and not bool((mask > 0).any()):
         mask = None  # nothing to pick: the plain path (keeps the graph for a zero loss)
     if mask is None:
-        logits = (forward_logits(model, input_ids, attention) if share_prefix
-                  else model(input_ids=input_ids, attention_mask=attention).logits)[:, :-1].float()
+        logits = (
+            forward_logits(model, input_ids, attention) if share_prefix else model(input_ids=input_ids, attention_mask=attention).logits
+        )[:, :-1].float()
         logp_all = torch.log_softmax(_tempered(logits, temperature), dim=-1)
         logp = logp_all.gather(2, input_ids[:, 1:].unsqueeze(2)).squeeze(2)
         entropy = -(logp_all.exp() * logp_all).sum(-1).detach() if with_entropy else None
@@ -151,8 +161,7 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     return logp, entropy
 
 
-def packed_or_padded(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor,
-                     keep: torch.Tensor) -> torch.Tensor:
+def packed_or_padded(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """The kept positions' logits, from the padding-free forward where the batch and the model
     allow it (`harness.packing`), else from the padded one with the shared prefix run once."""
     if not _PACKING_REFUSED.get(type(model), False):

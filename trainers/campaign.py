@@ -15,41 +15,39 @@ while the learner updates (`trainers/pipeline.py`); groups more than k versions 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import shutil
 import threading
 import time
-from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import yaml
 from rich.console import Console
 
-import toolgym
 from toolgym.envs import full_id
-from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
-from toolgym.harness.eval_run import run_eval
-from toolgym.harness.hardware import Precision, choose_bf16, cpu_description
-from toolgym.harness.hf_policy import HFPolicy, resolve_dtype
-from toolgym.harness.host_memory import memory_fields
+from toolgym.harness import RolloutRunner
 from toolgym.harness.trajectory import Trajectory, write_jsonl
-from toolgym.sandbox import SafetyPolicy, SandboxConfig, SideEffect
+from toolgym.inference.hardware import Precision, choose_bf16, cpu_description
+from toolgym.inference.hf_policy import HFPolicy, resolve_dtype
+from toolgym.inference.host_memory import memory_fields
+from toolgym.sandbox import SafetyPolicy
 from toolgym.tasks import Task, builtin_suite
 from toolgym.trainers import core_algos as ca
 from toolgym.trainers.batching import TokenBatch, pack
-from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, read_metrics, read_run_state, save_checkpoint
-from toolgym.trainers.config import CampaignConfig, ConfigError, EnvMix, EvalSuite
+from toolgym.trainers.campaign_io import EvalAndCheckpoints
+from toolgym.trainers.campaign_rollouts import RolloutBatch, RolloutSide, allocate, build_policy, episode_seed
+from toolgym.trainers.checkpoint import MetricsLog, latest_checkpoint, read_metrics
+from toolgym.trainers.config import CampaignConfig, ConfigError
 from toolgym.trainers.distributed import Coordinator, follow, init_training_processes, under_torchrun
-from toolgym.trainers.inference import CopiedWeights, merged_model
+from toolgym.trainers.inference import CopiedWeights
 from toolgym.trainers.learner import Learner, apply_lora
 from toolgym.trainers.memory import release_memory
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
-from toolgym.trainers.ray_backend import ray_runner, start_ray
+from toolgym.trainers.rewards import broken_groups, groups_of, informative_groups, shaped_reward, trained_reward
 from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.trainers.screening import ReferenceScreen
 from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_learning_rate, sft_progress, train_families
@@ -57,50 +55,7 @@ from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics
 from toolgym.verifiers import Outcome
 
 
-def build_policy(config: CampaignConfig) -> HFPolicy:
-    """The policy to train: the tiny model toolgym builds (sized by the config), or any HF model."""
-    settings = config.model
-    if settings.init == "tiny":
-        from toolgym.harness.tiny import DEFAULT_DIR, build_tiny_policy
-
-        t = settings.tiny
-        path = build_tiny_policy(DEFAULT_DIR.with_name(f"tiny-policy-v1-h{t.hidden}-l{t.layers}-v{t.vocab}"),
-                                 vocab_size=t.vocab, hidden=t.hidden, layers=t.layers, seed=config.seed)
-        return HFPolicy(str(path), device=settings.device, dtype=settings.dtype, name="tiny")
-    return HFPolicy(settings.init, device=settings.device, dtype=settings.dtype)
-
-
-def allocate(n: int, weights: list[float]) -> list[int]:
-    """Split `n` tasks by weight (largest remainder; every env gets one when n allows)."""
-    w = np.array(weights, dtype=float) / sum(weights)
-    counts = np.floor(w * n).astype(int)
-    if n >= len(weights):
-        counts = np.maximum(counts, 1)
-    while counts.sum() < n:
-        counts[int(np.argmax(w * n - counts))] += 1
-    while counts.sum() > n:
-        counts[int(np.argmax(counts))] -= 1
-    return counts.tolist()
-
-
-@dataclass
-class RolloutBatch:
-    """One step's rollouts, before any training on them."""
-
-    step: int
-    chosen: list[tuple[str, Task]]
-    trajectories: list[Trajectory]
-    started: float
-    seconds: float
-    extra: dict[str, Any]
-
-
-def episode_seed(seed: int, step: int, index: int) -> int:
-    """The env/sampling seed of task `index` at `step`: new samples every step, identical on resume."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{index}".encode()).digest()[:4], "little")
-
-
-class Campaign:
+class Campaign(RolloutSide, EvalAndCheckpoints):
     """A training run in `config.out_dir` (see the module docstring)."""
 
     def __init__(self, config: CampaignConfig, progress: bool = True, console: Console | None = None) -> None:
@@ -121,7 +76,7 @@ class Campaign:
             self.policy = build_policy(config)
         self.tokenizer = self.policy.tokenizer
         if config.model.chat_template:  # on the shared tokenizer: rollouts, demonstrations and exports use it
-            from toolgym.harness.chat import load_template
+            from toolgym.inference.chat import load_template
 
             self.tokenizer.chat_template = load_template(config.model.chat_template)
         if config.rl.learner.lora is not None:
@@ -134,18 +89,22 @@ class Campaign:
             self.rollout_precision = choose_bf16("auto", self.policy.device)
             rollout_dtype = "bf16" if self.rollout_precision.dtype == "bf16" else None
         else:
-            self.rollout_precision = Precision(rollout_dtype or str(self.policy.dtype).removeprefix("torch."),
-                                               "set in the config")
-        needs_copy = self.world > 1 or (rollout_dtype is not None and resolve_dtype(
-            rollout_dtype, str(self.policy.device)) != self.policy.dtype)
+            self.rollout_precision = Precision(rollout_dtype or str(self.policy.dtype).removeprefix("torch."), "set in the config")
+        needs_copy = self.world > 1 or (
+            rollout_dtype is not None and resolve_dtype(rollout_dtype, str(self.policy.device)) != self.policy.dtype
+        )
         self._copy = CopiedWeights(self.policy, dtype=rollout_dtype) if needs_copy and self.rank == 0 else None
         r = config.rollout
         # the batches come from something other than the trained model itself: a copy in another
         # dtype, weights a step or more stale, a server or a Ray actor (tis_cap: auto corrects it)
         off_policy = self._copy is not None or r.max_staleness > 0 or bool(r.servers) or r.backend == "ray"
-        self.learner = Learner(self.policy.model, config.rl.learner, off_policy=off_policy,
-                               generation_budget=min(r.max_total_tokens, r.max_turns * r.max_new_tokens),
-                               temperature=r.temperature)
+        self.learner = Learner(
+            self.policy.model,
+            config.rl.learner,
+            off_policy=off_policy,
+            generation_budget=min(r.max_total_tokens, r.max_turns * r.max_new_tokens),
+            temperature=r.temperature,
+        )
         self.trainer = Coordinator(self.learner)
         self.suites = {mix.suite: builtin_suite(mix.suite) for mix in [*config.envs, *config.eval.suites]}
         self.mix = {mix.suite: mix for mix in config.envs}
@@ -157,10 +116,14 @@ class Campaign:
         families = train_families(self.train_tasks)
         named = dict.fromkeys([*config.sft.skip_families, *config.sft.family_limits])
         if missing := [name for name in named if name not in families]:  # a typo would silently change nothing
-            raise ConfigError(f"sft.skip_families / sft.family_limits: no train task of family {', '.join(missing)} "
-                              f"(the train tasks' families: {', '.join(sorted(families))})")
-        self.samplers = {s: LearnabilitySampler(list(tasks), config.sampler, {i: t.family for i, t in tasks.items()})
-                         for s, tasks in self.train_tasks.items()}
+            raise ConfigError(
+                f"sft.skip_families / sft.family_limits: no train task of family {', '.join(missing)} "
+                f"(the train tasks' families: {', '.join(sorted(families))})"
+            )
+        self.samplers = {
+            s: LearnabilitySampler(list(tasks), config.sampler, {i: t.family for i, t in tasks.items()})
+            for s, tasks in self.train_tasks.items()
+        }
         self.safety = {full_id(mix.env): self._sandbox_config(mix).policy for mix in config.envs}
         self.metrics: MetricsLog | None = None
         self.step = 0
@@ -186,90 +149,6 @@ class Campaign:
         yield
         if self.world > 1 and self.rank == 0:
             dist.barrier()
-
-    @staticmethod
-    def _sandbox_config(mix: EnvMix) -> SandboxConfig:
-        return SandboxConfig.model_validate(mix.sandbox or {})
-
-    def make_env(self, env_id: str):
-        """An environment for `env_id` with the campaign's sandbox settings for it."""
-        for mix in [*self.config.envs, *self.config.eval.suites]:
-            if full_id(mix.env) == env_id and mix.sandbox is not None:
-                return toolgym.make(mix.env, sandbox=mix.sandbox).unwrapped
-        return toolgym.make(env_id).unwrapped
-
-    def agent(self, temperature: float, policy: Any = None) -> TokenAgent:
-        """A token agent on `policy` (default: the training model, which samples with the current
-        weights)."""
-        r = self.config.rollout
-        default = self._copy.policy if self._copy is not None else self.policy
-        return TokenAgent(policy or default, self.tokenizer,
-                          SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p))
-
-    def limits(self, evaluation: bool = False, suite: EvalSuite | None = None) -> RolloutLimits:
-        """Per-episode limits of the campaign (of its evaluations with `evaluation`; of the
-        evaluation-only `suite`, its own turns and tokens per episode)."""
-        r = self.config.rollout
-        if suite is not None:
-            return RolloutLimits(max_turns=suite.max_turns, max_new_tokens_per_turn=r.max_new_tokens,
-                                 max_total_tokens=suite.max_total_tokens or r.max_total_tokens)
-        turns = (self.config.eval.max_turns if evaluation else None) or r.max_turns
-        return RolloutLimits(max_turns=turns, max_new_tokens_per_turn=r.max_new_tokens,
-                             max_total_tokens=r.max_total_tokens)
-
-    def weights(self) -> Any:
-        """Where rollouts sample from (see `trainers/inference.py`), chosen by the config."""
-        if self._weights is None:
-            from toolgym.trainers import inference
-
-            r = self.config.rollout
-            if r.servers:
-                backend = "nccl" if self.policy.device.type == "cuda" else "gloo"
-                self._weights = inference.ServerWeights(r.servers, r.weight_sync, self.run_dir / "weights",
-                                                        self.tokenizer, backend)
-            elif r.backend == "ray":
-                from toolgym.harness.ray_pool import serve_policy
-
-                start_ray(r.ray)
-                self._weights = inference.ActorWeights(
-                    serve_policy(self.policy.source, self.config.model.device or "cpu", self.config.model.dtype))
-            elif self._copy is not None:  # several training processes: rank 0's copy samples
-                self._weights = self._copy
-            elif r.max_staleness > 0:  # the learner updates its model while rollouts sample
-                self._weights = inference.CopiedWeights(self.policy)
-            else:
-                self._weights = inference.SharedWeights(self.policy)
-        return self._weights
-
-    def publish(self, version: int) -> None:
-        """Send the current weights to the rollout policy as `version` (RL updates applied).
-        Several training processes: gathered from them first, and rank 0's copy refreshed."""
-        if self.world == 1:
-            if self._copy is not None:  # the sampling copy (another dtype); also serves evaluation
-                self._copy.push(self.policy.model, version)
-            if self.weights() is not self._copy:
-                self.weights().push(self.policy.model, version)
-        else:
-            state = self.trainer.run("weights")
-            assert self._copy is not None
-            self._copy.push(self.policy.model, version, state)
-            if self.weights() is not self._copy:  # servers or a Ray actor: from the (plain) copy
-                self.weights().push(self._copy.policy.model, version, state)
-        self._published = True
-
-    def runner(self) -> Any:
-        """The rollout runner (environments pooled across steps): local, or Ray environment
-        workers (`rollout.backend: ray`)."""
-        if self._runner is None:
-            r = self.config.rollout
-            agent = self.agent(r.temperature, self.weights().policy)
-            if r.backend == "ray":
-                handle = getattr(self.weights(), "handle", None)  # a PolicyActor, unless servers serve
-                self._runner = ray_runner(self.config, agent, self.policy.source, self.limits(), handle)
-            else:
-                self._runner = RolloutRunner(self.make_env, agent, group_size=self.config.rl.group_size,
-                                             concurrency=r.concurrency, limits=self.limits(), progress=self.progress)
-        return self._runner
 
     # ---- the whole run ----------------------------------------------------------------------------
 
@@ -354,19 +233,26 @@ class Campaign:
             f"RL step {self.step}/{self.config.rl.steps}: reward {m.get('reward_mean', float('nan')):.3f} "
             f"over {m.get('episodes', 0)} episodes, {groups}{loss}, {m.get('time_step_s', 0.0):.0f} s "
             f"(rollouts {m.get('time_rollout_s', 0.0):.0f} s, update {m.get('time_train_s', 0.0):.0f} s)",
-            soft_wrap=True)
+            soft_wrap=True,
+        )
 
     def _record_precision(self) -> None:
         """Say which precision `auto` chose and why, on the screen and in `OUT/hardware.json`."""
         import json
 
-        chosen = {"cpu": cpu_description(), "device": str(self.policy.device),
-                  "weights": str(self.policy.dtype).removeprefix("torch."),
-                  "rollout": self.rollout_precision.as_dict(), "train_autocast": self.learner.precision.as_dict()}
+        chosen = {
+            "cpu": cpu_description(),
+            "device": str(self.policy.device),
+            "weights": str(self.policy.dtype).removeprefix("torch."),
+            "rollout": self.rollout_precision.as_dict(),
+            "train_autocast": self.learner.precision.as_dict(),
+        }
         (self.run_dir / "hardware.json").write_text(json.dumps(chosen, indent=2) + "\n")
-        self.console.print(f"hardware: {chosen['cpu']}\n  rollouts sample in {self.rollout_precision.dtype} "
-                           f"({self.rollout_precision.reason})\n  training computes in "
-                           f"{self.learner.precision.dtype} ({self.learner.precision.reason})")
+        self.console.print(
+            f"hardware: {chosen['cpu']}\n  rollouts sample in {self.rollout_precision.dtype} "
+            f"({self.rollout_precision.reason})\n  training computes in "
+            f"{self.learner.precision.dtype} ({self.learner.precision.reason})"
+        )
 
     def close(self) -> None:
         """Close environments and the metrics log."""
@@ -390,8 +276,7 @@ class Campaign:
             for i, chosen in enumerate(sft_batches(demos, s.steps, s.batch_size, self.rng)):
                 lr = sft_learning_rate(s.lr, i, s.steps, s.schedule, s.warmup_steps)
                 self.trainer.run("set_lr", lr)
-                m = self.trainer.run("sft", pack(chosen, [0.0] * len(chosen), self.policy.pad_id,
-                                                 self.config.rollout.max_total_tokens))
+                m = self.trainer.run("sft", pack(chosen, [0.0] * len(chosen), self.policy.pad_id, self.config.rollout.max_total_tokens))
                 m.update(lr=lr, **memory_fields())
                 self.metrics.log(i + 1, m, kind="sft")
                 advance(m["sft_loss"])
@@ -403,10 +288,17 @@ class Campaign:
         played and checked once (logged as the `oracle` row), then kept. A resumed run replays
         them (the anchor needs them) but its log already has the row: it is not logged twice."""
         if self.demos is None:
-            self.demos, checks = oracle_demonstrations(self.train_tasks, self.config.sft.demos_per_suite, self.tokenizer,
-                                                       self.make_env, self.config.rollout.concurrency, self.progress,
-                                                       self.console, tuple(self.config.sft.skip_families),
-                                                       self.config.sft.family_limits)
+            self.demos, checks = oracle_demonstrations(
+                self.train_tasks,
+                self.config.sft.demos_per_suite,
+                self.tokenizer,
+                self.make_env,
+                self.config.rollout.concurrency,
+                self.progress,
+                self.console,
+                tuple(self.config.sft.skip_families),
+                self.config.sft.family_limits,
+            )
             assert self.metrics is not None
             if not any(r.get("kind") == "oracle" for r in read_metrics(self.run_dir)):
                 self.metrics.log(0, checks, kind="oracle")
@@ -421,8 +313,7 @@ class Campaign:
         demos = self.demonstrations()
         rng = np.random.default_rng([self.config.seed, step, 0x5F7])
         chosen = rng.choice(len(demos), size=min(max(rl.sft_anchor_batch, self.world), len(demos)), replace=False)
-        return pack([demos[int(i)] for i in chosen], [0.0] * len(chosen), self.policy.pad_id,
-                    self.config.rollout.max_total_tokens)
+        return pack([demos[int(i)] for i in chosen], [0.0] * len(chosen), self.policy.pad_id, self.config.rollout.max_total_tokens)
 
     # ---- RL -------------------------------------------------------------------------------------
 
@@ -438,16 +329,14 @@ class Campaign:
             for mix, n_env in zip(self.config.envs, counts):
                 sampler = self.samplers[mix.suite]
                 quotas = sampler.family_quotas(n_env, self.rng, exclude) if s.stratify else {None: n_env}
-                drawn = {family: sampler.draw(quota * factor, self.rng, exclude, family)
-                         for family, quota in quotas.items()}
+                drawn = {family: sampler.draw(quota * factor, self.rng, exclude, family) for family, quota in quotas.items()}
                 if factor > 1:
                     drawn = self.screened(mix.suite, drawn, quotas)
                 suite_tasks = self.train_tasks[mix.suite]
                 chosen += [(mix.suite, suite_tasks[task_id]) for ids in drawn.values() for task_id in ids]
         return chosen
 
-    def screened(self, suite: str, drawn: dict[str | None, list[str]],
-                 quotas: dict[str | None, int]) -> dict[str | None, list[str]]:
+    def screened(self, suite: str, drawn: dict[str | None, list[str]], quotas: dict[str | None, int]) -> dict[str | None, list[str]]:
         """Each family's candidates (`drawn`; one family, None, unless the draw is stratified) cut
         to its quota: the ones whose reference solutions, scored by the sampling policy in one
         pass, predict the most reward variance (`sampler.screen`, trainers/screening.py); adds to
@@ -457,17 +346,24 @@ class Campaign:
             return drawn
         start = time.perf_counter()
         if self._screen is None:
-            self._screen = ReferenceScreen(self.tokenizer, self.make_env, self.config.rollout.concurrency,
-                                           declines=self.config.sampler.screen_declines)
+            self._screen = ReferenceScreen(
+                self.tokenizer, self.make_env, self.config.rollout.concurrency, declines=self.config.sampler.screen_declines
+            )
             # the SFT stage already played these tasks' oracles: their demonstrations are the references
             self._screen.references.update({d.task_id: d for d in self.demos or []})
         tasks = [self.train_tasks[suite][i] for i in over]
-        predicted = self._screen.predicted_pass_rates(self.screen_model(), tasks, self.policy.pad_id,
-                                                      self.config.rollout.max_total_tokens,
-                                                      temperature=self.config.rollout.temperature)
+        predicted = self._screen.predicted_pass_rates(
+            self.screen_model(),
+            tasks,
+            self.policy.pad_id,
+            self.config.rollout.max_total_tokens,
+            temperature=self.config.rollout.temperature,
+        )
         sampler = self.samplers[suite]
-        kept = {family: sampler.keep_screened(ids, quotas[family], predicted) if len(ids) > quotas[family] else ids
-                for family, ids in drawn.items()}
+        kept = {
+            family: sampler.keep_screened(ids, quotas[family], predicted) if len(ids) > quotas[family] else ids
+            for family, ids in drawn.items()
+        }
         stats = self._screen_stats
         stats["screen_candidates"] = stats.get("screen_candidates", 0) + len(over)
         stats["screen_scored"] = stats.get("screen_scored", 0) + len(predicted)
@@ -515,39 +411,20 @@ class Campaign:
             seeds = [episode_seed(c.seed, step, len(tasks) + i) for i in range(len(more))]
             trajs = trajs + asyncio.run(runner.arun([t for _, t in more], seeds=seeds))
             chosen, tasks = chosen + more, tasks + [t for _, t in more]
-        extra: dict[str, Any] = {"dynamic_extra_draws": rounds,
-                                 "dynamic_extra_tasks": len(tasks) - c.rl.tasks_per_step if rounds else 0}
+        extra: dict[str, Any] = {"dynamic_extra_draws": rounds, "dynamic_extra_tasks": len(tasks) - c.rl.tasks_per_step if rounds else 0}
         extra.update(self._screen_stats)
         if c.rollout.backend == "ray":
             extra["ray"] = dict(runner.stats)  # workers lost, resubmissions
         return RolloutBatch(step, chosen, trajs, t0, time.perf_counter() - t0, extra)
 
     def informative_groups(self, trajs: list[Trajectory]) -> list[str]:
-        """Group ids, in play order, that can carry a gradient: no infra or verifier error, and
-        rewards (as trained: shaped, overlong handled) that are not all equal."""
-        groups: dict[str, list[int]] = defaultdict(list)
-        for i, t in enumerate(trajs):
-            groups[t.group_id].append(i)
-        out = []
-        for g, idx in groups.items():
-            if all(trajs[i].outcome.is_agent_attempt for i in idx):
-                rewards = {self.trained_reward(trajs[i]) for i in idx}
-                if len(rewards) > 1:
-                    out.append(g)
-        return out
+        """Group ids, in play order, that can carry a gradient (`rewards.informative_groups`)."""
+        return informative_groups(trajs, [self.trained_reward(t) for t in trajs])
 
     def trained_reward(self, traj: Trajectory) -> float:
-        """The reward an episode trains with: the shaped reward, less DAPO's soft overlong penalty
-        under `rl.overlong: penalize` (a truncated episode: 1; the last `overlong_buffer` tokens
-        of the generation budget: linearly up to 1)."""
-        reward = self.shaped_reward(traj)
-        if self.config.rl.overlong != "penalize":
-            return reward
-        if traj.outcome == Outcome.TRUNCATED:
-            return reward - 1.0
-        budget, buffer = self.learner.generation_budget or 0, self.config.rl.overlong_buffer
-        over = sum(traj.loss_mask) - (budget - buffer)
-        return reward - min(1.0, max(0.0, over / buffer)) if budget else reward
+        """The reward an episode trains with (`rewards.trained_reward` of the shaped reward)."""
+        rl = self.config.rl
+        return trained_reward(traj, self.shaped_reward(traj), rl.overlong, self.learner.generation_budget, rl.overlong_buffer)
 
     def learn(self, batch: RolloutBatch) -> dict[str, Any]:
         """Price, filter and train on one step's rollouts (already graded), then publish the new weights."""
@@ -558,16 +435,13 @@ class Campaign:
         tasks = [t for _, t in chosen]
         suite_of = {t.id: s for s, t in chosen}
         rewards = [self.trained_reward(t) for t in trajs]
-        groups: dict[str, list[int]] = defaultdict(list)
-        for i, t in enumerate(trajs):
-            groups[t.group_id].append(i)
-        broken = {g for g, idx in groups.items() if any(not trajs[i].outcome.is_agent_attempt for i in idx)}
+        groups = groups_of(trajs)
+        broken = broken_groups(trajs, groups)
         with self._draw_lock:
             for g, idx in groups.items():  # infra/verifier errors say nothing about the task: not counted
                 if g not in broken:
                     task_id = trajs[idx[0]].task_id
-                    self.samplers[suite_of[task_id]].update(
-                        task_id, [float(trajs[i].outcome == Outcome.PASSED) for i in idx], self.step)
+                    self.samplers[suite_of[task_id]].update(task_id, [float(trajs[i].outcome == Outcome.PASSED) for i in idx], self.step)
         # the learner holds version step - 1; older rollouts than max_staleness allows are dropped
         stale = stale_groups(trajs, self.step - 1, c.rollout.max_staleness) - broken
         keep = [i for g, idx in groups.items() if g not in broken and g not in stale for i in idx]
@@ -593,17 +467,18 @@ class Campaign:
             dropped = set(overlong) if c.rl.overlong == "drop" else set()  # DAPO's overlong filtering
             metrics["overlong_episodes"], metrics["overlong_dropped"] = len(overlong), len(dropped)
             metrics["trained_groups"] = len(trained_groups)
-            train = [(trajs[keep[j]], float(adv[j])) for j in range(len(keep))
-                     if live[j] and j not in dropped and trajs[keep[j]].group_id in trained_groups
-                     and trajs[keep[j]].has_tokens]
+            train = [
+                (trajs[keep[j]], float(adv[j]))
+                for j in range(len(keep))
+                if live[j] and j not in dropped and trajs[keep[j]].group_id in trained_groups and trajs[keep[j]].has_tokens
+            ]
             if len(train) < self.world:  # every training process needs a share of the batch
                 metrics["skipped_update"] = f"{len(train)} trajectories for {self.world} training processes"
                 train = []
             if train:
                 packed = pack([t for t, _ in train], [a for _, a in train], self.policy.pad_id, c.rollout.max_total_tokens)
                 anchor = self.anchor_batch(batch.step)
-                train_metrics = self.trainer.run("rl", packed if anchor is None else
-                                                 (packed, anchor, c.rl.sft_anchor))
+                train_metrics = self.trainer.run("rl", packed if anchor is None else (packed, anchor, c.rl.sft_anchor))
             metrics["trained_trajectories"] = len(train)
         metrics.update(train_metrics)
         self.publish(self.step)
@@ -618,81 +493,8 @@ class Campaign:
         return metrics
 
     def shaped_reward(self, traj: Trajectory) -> float:
-        """The verifier's reward (a failure: `rl.partial_credit` times its partial credit, where
-        the verifier gives one) less the safety policy's penalties for the episode's side effects."""
-        reward = traj.reward
-        weight = self.config.rl.partial_credit
-        if weight > 0 and traj.outcome == Outcome.FAILED and traj.verdict is not None:
-            reward = max(reward, weight * float(traj.verdict.details.get("partial_credit", 0.0)))
-        policy = self.safety.get(traj.env_id, SafetyPolicy())
-        events = []
-        for e in traj.side_effects:
-            try:
-                events.append(SideEffect.model_validate(e))
-            except ValueError:
-                continue
-        return policy.penalize(reward, events)
-
-    # ---- evaluation, checkpoints ------------------------------------------------------------------
-
-    def evaluate(self, label: str, max_tasks: int = 0) -> dict[str, Any]:
-        """Held-out pass@k per environment (harness `evaluate`), written under eval/<label>/; on
-        each environment's first `eval_tasks` held-out tasks (and at most `max_tasks` if set), then
-        on the evaluation-only suites (`eval.suites`) that join this stage."""
-        c = self.config
-        results = {}
-        release_memory()  # training's peak goes back to the OS before evaluation batches need memory
-        stage = "steps" if label.startswith("step-") else label
-        # the trained suites, then the evaluation-only ones that join this stage, each with its budget
-        plan = [(mix.suite, mix.eval_tasks, self.limits(evaluation=True)) for mix in c.envs]
-        plan += [(extra.suite, extra.tasks, self.limits(evaluation=True, suite=extra))
-                 for extra in c.eval.suites if stage in extra.stages]
-        for name, eval_tasks, limits in plan:
-            out = self.run_dir / "eval" / label / name
-            tasks = min(t for t in (eval_tasks, max_tasks) if t) if (eval_tasks or max_tasks) else 0
-            agent = self.agent(c.eval.temperature)
-            # the weights change between stages under one model path: the report and every
-            # trajectory name the stage (`toolgym compare` of two stages then tells them apart)
-            agent.name = f"{self.policy.name}@{label}"
-            report, _ = run_eval(agent.name, self.suites[name], "held-out", c.eval.samples, c.eval.ks,
-                                 tasks, c.rollout.concurrency, c.seed, out, limits,
-                                 progress=self.progress, agent=agent, env_factory=self.make_env)
-            results[name] = {f"pass@{k}": report.overall.pass_at[str(k)].value for k in c.eval.ks}
-            results[name]["infra_error_rate"] = report.overall.outcome_rates.get("infra_error", 0.0)
-            self.console.print(f"eval {label} {name}: " + ", ".join(
-                f"pass@{k} {report.overall.pass_at[str(k)].value:.3f} [{report.overall.pass_at[str(k)].low:.3f}, "
-                f"{report.overall.pass_at[str(k)].high:.3f}]" for k in c.eval.ks))
-        assert self.metrics is not None
-        self.metrics.log(self.step, {"label": label, **results, **memory_fields()}, kind="eval")
-        return results
-
-    def checkpoint(self) -> Path:
-        """Save everything `--resume` needs (atomically)."""
-        assert self.metrics is not None
-        with self._draw_lock:
-            state = {"rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state().tolist(),
-                     "samplers": {s: sampler.state_dict() for s, sampler in self.samplers.items()},
-                     "metrics_lines": self.metrics.lines()}
-        model_state, optimizer_state = self.trainer.run("checkpoint")
-        return save_checkpoint(self.run_dir, self.step, model_state, optimizer_state, state, self.config.checkpoint.keep)
-
-    def _restore(self, path: Path) -> None:
-        self.trainer.run("restore", str(path))  # every training process loads weights and optimizer
-        state = read_run_state(path)
-        self.step = int(state["step"])
-        self.rng.bit_generator.state = state["rng"]
-        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-        self.samplers = {s: LearnabilitySampler.from_state(st) for s, st in state["samplers"].items()}
-        assert self.metrics is not None
-        self.metrics.truncate(int(state["metrics_lines"]))
-
-    def _export(self, name: str) -> Path:
-        """The trained model as a `from_pretrained` directory (with the tokenizer)."""
-        out = self.run_dir / name
-        model = self._copy.policy.model if self._copy is not None else self.policy.model  # never the shards
-        merged_model(model).save_pretrained(out)  # LoRA: merged weights; training keeps its adapters
-        self.tokenizer.save_pretrained(out)
-        return out
+        """The verifier's reward less the env's safety prices (`rewards.shaped_reward`)."""
+        return shaped_reward(traj, self.safety.get(traj.env_id, SafetyPolicy()), self.config.rl.partial_credit)
 
 
 __all__ = ["Campaign", "RolloutBatch", "allocate", "build_policy", "episode_seed"]

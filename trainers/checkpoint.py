@@ -97,8 +97,9 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def save_checkpoint(run_dir: Path, step: int, model_state: dict[str, Any], optimizer_state: dict[str, Any],
-                    state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, model_state: dict[str, Any], optimizer_state: dict[str, Any], state: dict[str, Any], keep: int
+) -> Path:
     """Write checkpoint `step` (weights, optimizer state, the run's own state) atomically; keep
     the newest `keep`. Returns its directory."""
     root = run_dir / CHECKPOINTS
@@ -137,9 +138,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(weights, optimizer state, the run's own state: step, sampler, RNG...) of a checkpoint."""
-    return (torch.load(path / "weights.pt", map_location="cpu", weights_only=True),
-            torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
-            json.loads((path / "state.json").read_text()))
+    return (
+        torch.load(path / "weights.pt", map_location="cpu", weights_only=True),
+        torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
+        json.loads((path / "state.json").read_text()),
+    )
 
 
 def read_run_state(path: Path) -> dict[str, Any]:

@@ -27,22 +27,30 @@ class TinyModel(_Strict):
 class ModelSettings(_Strict):
     """Which model to train and where."""
 
-    init: str = Field(default="tiny", description="tiny (built here, sized by `tiny`) | a built-in pretrained "
-                      "model (smollm2-135m) | a model directory | a hub id")
+    init: str = Field(
+        default="tiny",
+        description="tiny (built here, sized by `tiny`) | a built-in pretrained model (smollm2-135m) | a model directory | a hub id",
+    )
     tiny: TinyModel = Field(default_factory=TinyModel)
     device: str | None = Field(default=None, description="cpu | cuda | cuda:N (default: cuda if present)")
     dtype: str = Field(default="auto", description="bf16 | fp16 | fp32 | auto (bf16 on CUDA, fp32 on CPU)")
-    rollout_dtype: str | None = Field(default=None, description="sample from a copy of the weights in this dtype "
-                                      "(e.g. bf16 with fp32 training on a CPU), refreshed after every update; "
-                                      "auto = bf16 where the hardware computes it natively, else none; "
-                                      "None = the training model samples itself")
-    chat_template: str | None = Field(default=None, description="a built-in chat template (qwen2.5, "
-                                      "qwen2.5-compact, qwen3, llama3) instead of the tokenizer's own; the "
-                                      "exported models keep it")
+    rollout_dtype: str | None = Field(
+        default=None,
+        description="sample from a copy of the weights in this dtype "
+        "(e.g. bf16 with fp32 training on a CPU), refreshed after every update; "
+        "auto = bf16 where the hardware computes it natively, else none; "
+        "None = the training model samples itself",
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="a built-in chat template (qwen2.5, "
+        "qwen2.5-compact, qwen3, llama3) instead of the tokenizer's own; the "
+        "exported models keep it",
+    )
 
     @model_validator(mode="after")
-    def _known_template(self) -> "ModelSettings":
-        from toolgym.harness.chat import TEMPLATES
+    def _known_template(self) -> ModelSettings:
+        from toolgym.inference.chat import TEMPLATES
 
         if self.chat_template is not None and self.chat_template not in TEMPLATES:
             raise ValueError(f"model.chat_template {self.chat_template!r}: use one of {', '.join(TEMPLATES)}")
@@ -66,17 +74,24 @@ class SFTSettings(_Strict):
     steps: int = Field(default=0, ge=0, description="0 = no SFT stage")
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=3e-3, gt=0)
-    schedule: str = Field(default="constant", pattern="^(constant|linear|cosine)$",
-                          description="the learning rate over the SFT steps: constant, or decayed to 0 by the last "
-                          "step (linear: transformers' Trainer default; cosine)")
+    schedule: str = Field(
+        default="constant",
+        pattern="^(constant|linear|cosine)$",
+        description="the learning rate over the SFT steps: constant, or decayed to 0 by the last "
+        "step (linear: transformers' Trainer default; cosine)",
+    )
     warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup from 0 before the schedule")
     demos_per_suite: int = Field(default=256, ge=1, description="demonstrations from the first N train tasks")
-    skip_families: list[str] = Field(default_factory=list, description="task families never demonstrated (SFT "
-                                     "and rl.sft_anchor): what their tasks ask is left to the reward")
+    skip_families: list[str] = Field(
+        default_factory=list,
+        description="task families never demonstrated (SFT and rl.sft_anchor): what their tasks ask is left to the reward",
+    )
     family_limits: dict[str, Annotated[int, Field(ge=0)]] = Field(
-        default_factory=dict, description="at most N demonstrations of each named family (the rest of "
+        default_factory=dict,
+        description="at most N demonstrations of each named family (the rest of "
         "demos_per_suite come from the other families): enough for the policy to sample what they show, "
-        "the rest left to the reward")
+        "the rest left to the reward",
+    )
 
 
 class RLSettings(_Strict):
@@ -85,27 +100,51 @@ class RLSettings(_Strict):
     steps: int = Field(default=20, ge=0)
     tasks_per_step: int = Field(default=8, ge=1)
     group_size: int = Field(default=8, ge=2, description="G rollouts per task (same seed); >= 2 for a baseline")
-    advantage: str = Field(default="grpo", pattern="^(grpo|drgrpo|rloo|none)$",
-                           description="none = every advantage 0: the reward ablation (only rl.sft_anchor trains)")
+    advantage: str = Field(
+        default="grpo",
+        pattern="^(grpo|drgrpo|rloo|none)$",
+        description="none = every advantage 0: the reward ablation (only rl.sft_anchor trains)",
+    )
     drop_zero_variance: bool = Field(default=True, description="leave groups with equal rewards out of the gradient")
-    dynamic_sampling: int = Field(default=2, ge=0, description="DAPO's dynamic sampling: when zero-variance groups "
-                                  "leave fewer than tasks_per_step informative groups, draw and play more tasks, at "
-                                  "most this many extra rounds per step (0 = off); at most tasks_per_step groups train")
-    partial_credit: float = Field(default=0.0, ge=0, lt=1, description="a failed episode trains with this times "
-                                  "its verifier's partial credit (`details.partial_credit`, in [0, 1]; BFCL's "
-                                  "follows ToolRL: right functions, parameter names and values) instead of 0, so "
-                                  "that of two failures the closer one is preferred; below 1, so no failure "
-                                  "matches a pass. Grading, pass@k and the sampler's pass rates never use it; "
-                                  "0 = off")
-    overlong: str = Field(default="drop", pattern="^(drop|penalize|keep)$", description="episodes cut by their turn "
-                          "or token limit (outcome truncated): drop = out of the gradient (DAPO's overlong "
-                          "filtering), penalize = DAPO's soft overlong punishment on the reward, keep = as graded")
-    overlong_buffer: int = Field(default=256, ge=1, description="penalize: the last this many tokens of the "
-                                 "generation budget cost a linearly growing penalty (up to 1; a truncated episode: 1)")
-    sft_anchor: float = Field(default=0.0, ge=0, description="PPO-ptx (InstructGPT): each RL update also "
-                              "minimises this times the token-mean NLL of `sft_anchor_batch` oracle demonstrations "
-                              "(the SFT stage's own), so behaviours the step's rollouts never exercise are not "
-                              "unlearned; 0 = off")
+    dynamic_sampling: int = Field(
+        default=2,
+        ge=0,
+        description="DAPO's dynamic sampling: when zero-variance groups "
+        "leave fewer than tasks_per_step informative groups, draw and play more tasks, at "
+        "most this many extra rounds per step (0 = off); at most tasks_per_step groups train",
+    )
+    partial_credit: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="a failed episode trains with this times "
+        "its verifier's partial credit (`details.partial_credit`, in [0, 1]; BFCL's "
+        "follows ToolRL: right functions, parameter names and values) instead of 0, so "
+        "that of two failures the closer one is preferred; below 1, so no failure "
+        "matches a pass. Grading, pass@k and the sampler's pass rates never use it; "
+        "0 = off",
+    )
+    overlong: str = Field(
+        default="drop",
+        pattern="^(drop|penalize|keep)$",
+        description="episodes cut by their turn "
+        "or token limit (outcome truncated): drop = out of the gradient (DAPO's overlong "
+        "filtering), penalize = DAPO's soft overlong punishment on the reward, keep = as graded",
+    )
+    overlong_buffer: int = Field(
+        default=256,
+        ge=1,
+        description="penalize: the last this many tokens of the "
+        "generation budget cost a linearly growing penalty (up to 1; a truncated episode: 1)",
+    )
+    sft_anchor: float = Field(
+        default=0.0,
+        ge=0,
+        description="PPO-ptx (InstructGPT): each RL update also "
+        "minimises this times the token-mean NLL of `sft_anchor_batch` oracle demonstrations "
+        "(the SFT stage's own), so behaviours the step's rollouts never exercise are not "
+        "unlearned; 0 = off",
+    )
     sft_anchor_batch: int = Field(default=4, ge=1, description="demonstrations per RL update for sft_anchor")
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
@@ -113,8 +152,7 @@ class RLSettings(_Strict):
 class RaySettings(_Strict):
     """Environment workers on a Ray cluster (`rollout.backend: ray`)."""
 
-    address: str | None = Field(default=None, description="a running cluster (`ray://...` or `auto`); "
-                                "None starts a local one")
+    address: str | None = Field(default=None, description="a running cluster (`ray://...` or `auto`); None starts a local one")
     workers: int = Field(default=2, ge=1, description="EnvWorker actors")
     envs_per_worker: int = Field(default=8, ge=1, description="episodes in flight per worker")
     deadline_s: float = Field(default=600.0, gt=0, description="per-episode watchdog")
@@ -130,15 +168,27 @@ class RolloutSettings(_Strict):
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     concurrency: int = Field(default=64, ge=1)
-    backend: str = Field(default="local", pattern="^(local|ray)$", description="local: this process; "
-                         "ray: EnvWorker actors, the policy served by a PolicyActor")
+    backend: str = Field(
+        default="local",
+        pattern="^(local|ray)$",
+        description="local: this process; ray: EnvWorker actors, the policy served by a PolicyActor",
+    )
     ray: RaySettings = Field(default_factory=RaySettings)
-    servers: list[str] = Field(default_factory=list, description="sglang servers (or a router) that serve the "
-                               "policy for rollouts; empty = the in-process model (or a Ray PolicyActor)")
-    weight_sync: str = Field(default="disk", pattern="^(disk|distributed)$", description="how servers get new "
-                             "weights: disk (update_weights_from_disk) or distributed (a torch.distributed group)")
-    max_staleness: int = Field(default=0, ge=0, description="0 = synchronous; k >= 1: the next batches are "
-                               "played while the learner updates, and groups more than k versions old are dropped")
+    servers: list[str] = Field(
+        default_factory=list,
+        description="sglang servers (or a router) that serve the policy for rollouts; empty = the in-process model (or a Ray PolicyActor)",
+    )
+    weight_sync: str = Field(
+        default="disk",
+        pattern="^(disk|distributed)$",
+        description="how servers get new weights: disk (update_weights_from_disk) or distributed (a torch.distributed group)",
+    )
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="0 = synchronous; k >= 1: the next batches are "
+        "played while the learner updates, and groups more than k versions old are dropped",
+    )
     save: bool = Field(default=True, description="write each RL step's trajectories to OUT/rollouts/step-N.jsonl")
 
 
@@ -154,16 +204,20 @@ class EvalSuite(_Strict):
     env: str = Field(description="registered env id, e.g. bfcl-multi-v0")
     suite: str = Field(description="registered suite name; its held-out split is evaluated")
     tasks: int = Field(default=0, ge=0, description="evaluate on the first N held-out tasks (0 = all)")
-    max_turns: int | None = Field(default=None, ge=1, description="turns per episode (None = the environment's own "
-                                  "limit, e.g. BFCL's 20 steps per user request)")
-    max_total_tokens: int | None = Field(default=None, ge=64, description="tokens per episode, prompt included "
-                                         "(None = rollout.max_total_tokens)")
-    stages: list[str] = Field(default_factory=lambda: list(EVAL_STAGES), description="the evaluations it joins: "
-                              "base, sft, initial, steps, final (a slow suite can be evaluated at the end only)")
+    max_turns: int | None = Field(
+        default=None, ge=1, description="turns per episode (None = the environment's own limit, e.g. BFCL's 20 steps per user request)"
+    )
+    max_total_tokens: int | None = Field(
+        default=None, ge=64, description="tokens per episode, prompt included (None = rollout.max_total_tokens)"
+    )
+    stages: list[str] = Field(
+        default_factory=lambda: list(EVAL_STAGES),
+        description="the evaluations it joins: base, sft, initial, steps, final (a slow suite can be evaluated at the end only)",
+    )
     sandbox: dict[str, Any] | None = Field(default=None, description="SandboxConfig fields for sandboxed envs")
 
     @model_validator(mode="after")
-    def _check_stages(self) -> "EvalSuite":
+    def _check_stages(self) -> EvalSuite:
         unknown = [s for s in self.stages if s not in EVAL_STAGES]
         if unknown or not self.stages:
             raise ValueError(f"eval.suites[{self.suite}].stages {self.stages}: use some of {', '.join(EVAL_STAGES)}")
@@ -174,15 +228,23 @@ class EvalSettings(_Strict):
     """Held-out evaluation through the harness's `evaluate` (pass@k with bootstrap CIs)."""
 
     every: int = Field(default=0, ge=0, description="evaluate every N RL steps (0 = before and after only)")
-    base_tasks: int = Field(default=0, ge=0, description="also evaluate the starting model, before SFT, on the "
-                            "first N held-out tasks of each environment (0 = no base evaluation)")
+    base_tasks: int = Field(
+        default=0,
+        ge=0,
+        description="also evaluate the starting model, before SFT, on the "
+        "first N held-out tasks of each environment (0 = no base evaluation)",
+    )
     temperature: float = Field(default=1.0, ge=0, description="the same for the SFT and the final checkpoint")
-    max_turns: int | None = Field(default=None, ge=1, description="turns per evaluation episode, the same at "
-                                  "every evaluation (None = rollout.max_turns)")
+    max_turns: int | None = Field(
+        default=None, ge=1, description="turns per evaluation episode, the same at every evaluation (None = rollout.max_turns)"
+    )
     samples: int = Field(default=1, ge=1)
     ks: list[int] = Field(default_factory=lambda: [1])
-    suites: list[EvalSuite] = Field(default_factory=list, description="suites evaluated but never trained on, "
-                                    "each with its own budget (held-out accuracy on a family the run does not train)")
+    suites: list[EvalSuite] = Field(
+        default_factory=list,
+        description="suites evaluated but never trained on, "
+        "each with its own budget (held-out accuracy on a family the run does not train)",
+    )
 
 
 class CheckpointSettings(_Strict):
@@ -206,11 +268,15 @@ class CampaignConfig(_Strict):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
-    processes: int = Field(default=1, ge=1, description="training processes (torchrun, one per GPU): rank 0 "
-                           "plays the rollouts, every rank trains on its share (rl.learner.parallel: ddp|fsdp2)")
+    processes: int = Field(
+        default=1,
+        ge=1,
+        description="training processes (torchrun, one per GPU): rank 0 "
+        "plays the rollouts, every rank trains on its share (rl.learner.parallel: ddp|fsdp2)",
+    )
 
     @model_validator(mode="after")
-    def _check_names(self) -> "CampaignConfig":
+    def _check_names(self) -> CampaignConfig:
         from toolgym.trainers import core_algos
 
         if self.processes > 1 and self.rl.learner.lora is not None:
@@ -223,8 +289,9 @@ class CampaignConfig(_Strict):
         trained = {mix.suite for mix in self.envs}
         for extra in self.eval.suites:
             if extra.suite in trained:
-                raise ValueError(f"eval.suites: {extra.suite!r} is also in envs (trained on, and evaluated there); "
-                                 "list a suite in one place")
+                raise ValueError(
+                    f"eval.suites: {extra.suite!r} is also in envs (trained on, and evaluated there); list a suite in one place"
+                )
         return self
 
 
@@ -240,8 +307,7 @@ def _override(data: dict[str, Any], key: str, value: Any) -> None:
         last = i == len(parts) - 1
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a list of {len(node)}; "
-                                  f"use an index below {len(node)}")
+                raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is a list of {len(node)}; use an index below {len(node)}")
             if last:
                 node[int(part)] = value
             else:
@@ -272,11 +338,28 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ca
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(top level)"
-        hint = {"extra_forbidden": "unknown field: check its spelling against the example configs",
-                "missing": "this field is required"}.get(first["type"], first["msg"])
-        raise ConfigError(f"{path}: {where}: {hint}" + (f" (got {first['input']!r})" if first["type"] not in (
-            "missing",) and not isinstance(first.get("input"), dict) else "")) from None
+        hint = {
+            "extra_forbidden": "unknown field: check its spelling against the example configs",
+            "missing": "this field is required",
+        }.get(first["type"], first["msg"])
+        raise ConfigError(
+            f"{path}: {where}: {hint}"
+            + (f" (got {first['input']!r})" if first["type"] not in ("missing",) and not isinstance(first.get("input"), dict) else "")
+        ) from None
 
 
-__all__ = ["CampaignConfig", "CheckpointSettings", "ConfigError", "EnvMix", "EvalSettings", "EvalSuite", "ModelSettings",
-           "RLSettings", "RaySettings", "RolloutSettings", "SFTSettings", "TinyModel", "load_config"]
+__all__ = [
+    "CampaignConfig",
+    "CheckpointSettings",
+    "ConfigError",
+    "EnvMix",
+    "EvalSettings",
+    "EvalSuite",
+    "ModelSettings",
+    "RLSettings",
+    "RaySettings",
+    "RolloutSettings",
+    "SFTSettings",
+    "TinyModel",
+    "load_config",
+]

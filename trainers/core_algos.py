@@ -18,7 +18,7 @@ Shapes: `rewards`, `group_ids`, advantages: (B,) one scalar per trajectory. Toke
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -31,10 +31,12 @@ def _register(table: dict[str, Callable], name: str) -> Callable:
     def deco(fn: Callable) -> Callable:
         table[name] = fn
         return fn
+
     return deco
 
 
 # ---- advantages ----------------------------------------------------------------------------------
+
 
 def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Dense 0..G-1 index per trajectory, and the number of groups."""
@@ -109,6 +111,7 @@ def broadcast(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 # ---- aggregation -----------------------------------------------------------------------------------
 
+
 @_register(AGGREGATIONS, "token-mean")
 def token_mean(values: torch.Tensor, mask: torch.Tensor, norm: float | None = None) -> torch.Tensor:
     """Mean over every policy token of the batch (DAPO)."""
@@ -139,6 +142,7 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, norm: float |
 
 # ---- policy losses -----------------------------------------------------------------------------
 
+
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
 
@@ -151,9 +155,17 @@ def _ratio_stats(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
 
 
 @_register(POLICY_LOSSES, "ppo")
-def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                  eps_low: float = 0.2, eps_high: float = 0.28, agg: str = "token-mean", norm: float | None = None,
-                  weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    agg: str = "token-mean",
+    norm: float | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip per token with separate low/high clip ranges; `adv` is per token (B, T).
     `weights` (B, T): an optional stop-gradient per-token factor (truncated importance sampling)."""
     ratio = torch.exp(logp - old_logp)
@@ -164,15 +176,26 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
         per_token = per_token * weights.detach()
     clip_low = ((ratio < 1.0 - eps_low) & (adv < 0)).to(logp.dtype)
     clip_high = ((ratio > 1.0 + eps_high) & (adv > 0)).to(logp.dtype)
-    stats = {"clip_frac_low": _masked_mean(clip_low, mask), "clip_frac_high": _masked_mean(clip_high, mask),
-             **_ratio_stats(ratio.detach(), mask)}
+    stats = {
+        "clip_frac_low": _masked_mean(clip_low, mask),
+        "clip_frac_high": _masked_mean(clip_high, mask),
+        **_ratio_stats(ratio.detach(), mask),
+    }
     return aggregate(per_token, mask, agg, norm), stats
 
 
 @_register(POLICY_LOSSES, "gspo")
-def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-              eps_low: float = 3e-4, eps_high: float = 4e-4, agg: str = "seq-mean-token-mean",
-              norm: float | None = None, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    agg: str = "seq-mean-token-mean",
+    norm: float | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: the sequence ratio exp(mean over the sequence's tokens of (logp - old_logp)), clipped
     per sequence; its gradient reaches every token as in GSPO-token (s_i * exp(logp - sg(logp)))."""
     lengths = mask.sum(1).clamp(min=1)
@@ -185,16 +208,27 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mas
     if weights is not None:
         per_token = per_token * weights.detach()
     clip = (((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))).to(logp.dtype)
-    stats = {"clip_frac_low": _masked_mean(((ratio < 1.0 - eps_low) & (adv < 0)).to(logp.dtype), mask),
-             "clip_frac_high": _masked_mean(((ratio > 1.0 + eps_high) & (adv > 0)).to(logp.dtype), mask),
-             "clip_frac": _masked_mean(clip, mask), **_ratio_stats(ratio.detach(), mask)}
+    stats = {
+        "clip_frac_low": _masked_mean(((ratio < 1.0 - eps_low) & (adv < 0)).to(logp.dtype), mask),
+        "clip_frac_high": _masked_mean(((ratio > 1.0 + eps_high) & (adv > 0)).to(logp.dtype), mask),
+        "clip_frac": _masked_mean(clip, mask),
+        **_ratio_stats(ratio.detach(), mask),
+    }
     return aggregate(per_token, mask, agg, norm), stats
 
 
 @_register(POLICY_LOSSES, "cispo")
-def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-               eps_low: float | None = None, eps_high: float = 4.0, agg: str = "token-mean",
-               norm: float | None = None, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def cispo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float | None = None,
+    eps_high: float = 4.0,
+    agg: str = "token-mean",
+    norm: float | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO: -sg(clip(ratio, 1 - eps_low, 1 + eps_high)) * A * logp on every token (no token is
     dropped from the gradient; only the weight is clipped). eps_low None = no lower clip."""
     ratio = torch.exp(logp - old_logp).detach()
@@ -203,8 +237,11 @@ def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, ma
     per_token = -weight * adv * logp
     if weights is not None:
         per_token = per_token * weights.detach()
-    stats = {"clip_frac_high": _masked_mean((ratio > 1.0 + eps_high).to(logp.dtype), mask),
-             "clip_frac_low": _masked_mean((ratio < low).to(logp.dtype), mask), **_ratio_stats(ratio, mask)}
+    stats = {
+        "clip_frac_high": _masked_mean((ratio > 1.0 + eps_high).to(logp.dtype), mask),
+        "clip_frac_low": _masked_mean((ratio < low).to(logp.dtype), mask),
+        **_ratio_stats(ratio, mask),
+    }
     return aggregate(per_token, mask, agg, norm), stats
 
 
@@ -216,6 +253,7 @@ def policy_loss(name: str, *args, **kwargs) -> tuple[torch.Tensor, dict[str, flo
 
 
 # ---- regularisers and diagnostics -----------------------------------------------------------
+
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased)."""
@@ -235,8 +273,7 @@ def truncated_is_weights(train_logp: torch.Tensor, rollout_logp: torch.Tensor, c
     return torch.clamp(torch.exp(train_logp.detach() - rollout_logp), max=cap)
 
 
-def mismatch_stats(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
-                   cap: float | None = None) -> dict[str, float]:
+def mismatch_stats(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cap: float | None = None) -> dict[str, float]:
     """How far the sampler was from the trained policy, over policy tokens: mean and max
     |logp_train - logp_rollout|, a k3 estimate of KL(pi_rollout || pi_train) (the tokens were
     sampled by the rollout policy), and the share of tokens whose importance weight the TIS `cap`
@@ -246,9 +283,12 @@ def mismatch_stats(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: t
     if diff.numel() == 0:
         return {"logprob_gap_mean": 0.0, "logprob_gap_max": 0.0, "mismatch_kl": 0.0, "tis_truncated_frac": 0.0}
     ratio = diff.exp()
-    return {"logprob_gap_mean": float(diff.abs().mean()), "logprob_gap_max": float(diff.abs().max()),
-            "mismatch_kl": float((ratio - diff - 1.0).mean()),
-            "tis_truncated_frac": float((ratio > cap).double().mean()) if cap else 0.0}
+    return {
+        "logprob_gap_mean": float(diff.abs().mean()),
+        "logprob_gap_max": float(diff.abs().max()),
+        "mismatch_kl": float((ratio - diff - 1.0).mean()),
+        "tis_truncated_frac": float((ratio > cap).double().mean()) if cap else 0.0,
+    }
 
 
 def logprob_gap(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -257,7 +297,25 @@ def logprob_gap(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torc
     return {"logprob_gap_mean": stats["logprob_gap_mean"], "logprob_gap_max": stats["logprob_gap_max"]}
 
 
-__all__ = ["ADVANTAGES", "AGGREGATIONS", "POLICY_LOSSES", "aggregate", "broadcast", "cispo_loss", "drgrpo_advantages",
-           "entropy_from_logits", "group_mean_std", "group_signal", "grpo_advantages", "gspo_loss", "kl_k3",
-           "logprob_gap", "mismatch_stats", "policy_loss", "ppo_clip_loss", "rloo_advantages", "truncated_is_weights",
-           "zero_variance_mask"]
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "POLICY_LOSSES",
+    "aggregate",
+    "broadcast",
+    "cispo_loss",
+    "drgrpo_advantages",
+    "entropy_from_logits",
+    "group_mean_std",
+    "group_signal",
+    "grpo_advantages",
+    "gspo_loss",
+    "kl_k3",
+    "logprob_gap",
+    "mismatch_stats",
+    "policy_loss",
+    "ppo_clip_loss",
+    "rloo_advantages",
+    "truncated_is_weights",
+    "zero_variance_mask",
+]

@@ -41,11 +41,23 @@ def init_training_processes(device: str | None) -> tuple[int, int]:
 
 def launch(config_path: Path, processes: int, resume: bool) -> int:
     """Run `toolgym train CONFIG` in `processes` processes under torchrun; returns its exit code."""
-    from toolgym.harness.weight_sync import free_port
+    from toolgym.inference.weight_sync import free_port
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           "-m", "toolgym.cli", "train", str(config_path)] + (["--resume"] if resume else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(processes),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "toolgym.cli",
+        "train",
+        str(config_path),
+    ] + (["--resume"] if resume else [])
     return subprocess.call(cmd)
 
 
@@ -78,8 +90,7 @@ class Coordinator:
         learner = self.learner
         if op == "rl":  # a TokenBatch, or (batch, anchor demonstrations, anchor coefficient)
             batch, anchor, coef = payload if isinstance(payload, tuple) else (payload, None, 0.0)
-            return learner.rl_step(learner.shard(batch), anchor=learner.shard(anchor) if anchor is not None else None,
-                                   anchor_coef=coef)
+            return learner.rl_step(learner.shard(batch), anchor=learner.shard(anchor) if anchor is not None else None, anchor_coef=coef)
         if op == "sft":
             return learner.sft_step(learner.shard(payload))
         if op == "restart_optimizer":

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from toolgym.harness.hf_policy import HFPolicy
+from toolgym.inference.hf_policy import HFPolicy
 
 
 def merged_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -63,8 +63,9 @@ class CopiedWeights:
     def __init__(self, training: HFPolicy, dtype: str | torch.dtype | None = None) -> None:
         model = training.model  # LoRA: merged into a copy; otherwise a plain copy
         model = merged_model(model) if hasattr(model, "merge_and_unload") else copy.deepcopy(model)
-        self.policy = HFPolicy(model, tokenizer=training.tokenizer, device=str(training.device),
-                               dtype=dtype or training.dtype, name=training.name)
+        self.policy = HFPolicy(
+            model, tokenizer=training.tokenizer, device=str(training.device), dtype=dtype or training.dtype, name=training.name
+        )
 
     def push(self, model: torch.nn.Module, version: int, state: dict[str, torch.Tensor] | None = None) -> None:
         """Copy the new weights (`state`, else the model's) in once the running generation batch
@@ -102,7 +103,7 @@ class ServerWeights:
     """sglang-protocol servers (see the module docstring)."""
 
     def __init__(self, urls: list[str], sync: str, weights_dir: Path, tokenizer: Any, backend: str = "gloo") -> None:
-        from toolgym.harness.sglang_client import SGLangPolicy
+        from toolgym.inference.sglang_client import SGLangPolicy
 
         self.policy = SGLangPolicy(urls)
         self.sync = sync
@@ -118,7 +119,7 @@ class ServerWeights:
 
     async def _push(self, model: torch.nn.Module, version: int, state: dict[str, torch.Tensor] | None) -> None:
         if self.sync == "distributed":
-            from toolgym.harness.weight_sync import WeightBroadcaster
+            from toolgym.inference.weight_sync import WeightBroadcaster
 
             if self._sender is None:
                 self._sender = WeightBroadcaster(self.policy, backend=self.backend)

@@ -19,11 +19,10 @@ from typing import Any
 
 import torch
 
-from toolgym.harness.hardware import choose_bf16
+from toolgym.inference.hardware import choose_bf16
 from toolgym.trainers import core_algos as ca
 from toolgym.trainers.batching import TokenBatch, micro_batches, select, sequence_logprobs
-from toolgym.trainers.learner_config import (DEFAULT_TIS_CAP, LOSS_DEFAULTS, LearnerConfig,  # noqa: F401  (re-exported)
-                                             LoraSettings, loss_settings)
+from toolgym.trainers.learner_config import DEFAULT_TIS_CAP, LOSS_DEFAULTS, LearnerConfig, LoraSettings, loss_settings  # noqa: F401  (re-exported)
 from toolgym.trainers.memory import auto_token_budget, check_fits, release_memory
 
 
@@ -35,8 +34,9 @@ def apply_lora(model: torch.nn.Module, lora: LoraSettings) -> torch.nn.Module:
     targets = [t for t in lora.target_modules if t in names]
     if not targets:
         raise ValueError(f"LoRA target modules {lora.target_modules} match no module of the model")
-    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=targets, task_type="CAUSAL_LM"))
+    return get_peft_model(
+        model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM")
+    )
 
 
 def _micro_weight(agg: str, mask: torch.Tensor, total_tokens: float, total_seqs: float, total_nonempty: float) -> float:
@@ -52,8 +52,14 @@ def _micro_weight(agg: str, mask: torch.Tensor, total_tokens: float, total_seqs:
 class Learner:
     """Optimizer and update steps for one model (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, config: LearnerConfig | None = None, off_policy: bool = False,
-                 generation_budget: int | None = None, temperature: float = 1.0) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: LearnerConfig | None = None,
+        off_policy: bool = False,
+        generation_budget: int | None = None,
+        temperature: float = 1.0,
+    ) -> None:
         """`off_policy`: the batches are sampled by something other than this model (a copy in
         another dtype, stale weights, a server): `tis_cap: auto` corrects for it.
         `generation_budget`: policy tokens an episode may sample at most, Dr.GRPO's constant
@@ -73,9 +79,9 @@ class Learner:
                 p.requires_grad_(False)
         self.device = next(model.parameters()).device
         # `auto` is resolved once, from the hardware: bf16 autocast on an AVX2-only CPU would be
-        # emulated, about 50x slower than fp32 (harness/hardware.py)
+        # emulated, about 50x slower than fp32 (inference/hardware.py)
         self.precision = choose_bf16(self.config.autocast, self.device)
-        # padding-free micro-batches (harness/packing.py): measured on the CPU, where they made an
+        # padding-free micro-batches (trainers/packing.py): measured on the CPU, where they made an
         # SFT step 1.4x faster (bench/trainer.py --step sft); CUDA keeps padded batches (`auto`)
         self.packing = self.config.packing if self.config.packing != "auto" else self.device.type == "cpu"
         # Data-parallel under torchrun: each rank passes its shard of the global batch; gradients
@@ -92,8 +98,7 @@ class Learner:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.forward_model = DistributedDataParallel(model, device_ids=ids)
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas,
-                                           weight_decay=self.config.weight_decay)
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, betas=self.config.betas, weight_decay=self.config.weight_decay)
         self.last_micro_batches, self.last_token_budget = 0, 0
 
     # ---- shared -----------------------------------------------------------------------------
@@ -123,11 +128,13 @@ class Learner:
     def _ref_logp(self, mb: TokenBatch) -> torch.Tensor:
         with torch.no_grad(), self._precision():
             if self.ref_model is not None:
-                return sequence_logprobs(self.ref_model, mb.input_ids, mb.attention, mask=mb.mask,
-                                         temperature=self.temperature, pack=self.packing)[0]
+                return sequence_logprobs(
+                    self.ref_model, mb.input_ids, mb.attention, mask=mb.mask, temperature=self.temperature, pack=self.packing
+                )[0]
             with self.model.disable_adapter():  # peft: the base model is the reference
-                return sequence_logprobs(self.model, mb.input_ids, mb.attention, mask=mb.mask,
-                                         temperature=self.temperature, pack=self.packing)[0]
+                return sequence_logprobs(
+                    self.model, mb.input_ids, mb.attention, mask=mb.mask, temperature=self.temperature, pack=self.packing
+                )[0]
 
     def _totals(self, *values: float, op: str = "sum") -> list[float]:
         """Batch-wide normalisers, summed (or their `op="max"`) over ranks when data-parallel."""
@@ -192,14 +199,12 @@ class Learner:
     def checkpoint_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(model, optimizer) state dicts of the whole model, on the CPU. Data-parallel: a
         collective every rank calls; rank 0 gets them (FSDP2 gathers the shards)."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
         if self.world == 1:  # live references: the caller saves them right away
             return self.model.state_dict(), self.optimizer.state_dict()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return (get_model_state_dict(self.model, options=options),
-                get_optimizer_state_dict(self.model, self.optimizer, options=options))
+        return (get_model_state_dict(self.model, options=options), get_optimizer_state_dict(self.model, self.optimizer, options=options))
 
     def load_checkpoint_state(self, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
         """Load what `checkpoint_state` returned (every rank passes the whole dicts)."""
@@ -207,8 +212,7 @@ class Learner:
             self.model.load_state_dict(model_state)
             self.optimizer.load_state_dict(optim_state)
             return
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, model_state, options=options)
@@ -228,9 +232,16 @@ class Learner:
         # backward: the shared-prefix path (two forwards) is for one process. `tempered`: the
         # sampling policy's logprobs (RL); the NLL of demonstrations is the model's own (T = 1).
         with self._precision():
-            return sequence_logprobs(self.forward_model, mb.input_ids, mb.attention, with_entropy=with_entropy,
-                                     share_prefix=self.world == 1, mask=mb.mask,
-                                     temperature=self.temperature if tempered else 1.0, pack=self.packing)
+            return sequence_logprobs(
+                self.forward_model,
+                mb.input_ids,
+                mb.attention,
+                with_entropy=with_entropy,
+                share_prefix=self.world == 1,
+                mask=mb.mask,
+                temperature=self.temperature if tempered else 1.0,
+                pack=self.packing,
+            )
 
     def _reduce_stats(self, sums: dict[str, float], weights: dict[str, float]) -> None:
         if self.world == 1:
@@ -282,8 +293,9 @@ class Learner:
             eps_low = 1.0  # no lower clip: the ratio's floor is 0
         for chunk in chunks:
             sub = select(batch, chunk)
-            total_tokens, total_seqs, nonempty = self._totals(float(sub.mask.sum()), float(sub.mask.shape[0]),
-                                                              float((sub.mask.sum(1) > 0).sum()))
+            total_tokens, total_seqs, nonempty = self._totals(
+                float(sub.mask.sum()), float(sub.mask.shape[0]), float((sub.mask.sum(1) > 0).sum())
+            )
             groups = self._micro_batches(sub, "RL step")
             for n_group, group in enumerate(groups):
                 if group is None:
@@ -299,8 +311,18 @@ class Learner:
                     adv = ca.broadcast(mb.advantages, mb.mask)
                     # the behaviour policy's logprobs correct what the sampler did differently
                     tis = ca.truncated_is_weights(old_logp, mb.rollout_logp, cap) if cap else None
-                    loss, stats = ca.policy_loss(c.loss, logp, old_logp, adv, mb.mask, eps_low=eps_low,
-                                                 eps_high=self.loss["eps_high"], agg=agg, norm=norm, weights=tis)
+                    loss, stats = ca.policy_loss(
+                        c.loss,
+                        logp,
+                        old_logp,
+                        adv,
+                        mb.mask,
+                        eps_low=eps_low,
+                        eps_high=self.loss["eps_high"],
+                        agg=agg,
+                        norm=norm,
+                        weights=tis,
+                    )
                     if c.kl_beta > 0:
                         kl = ca.aggregate(ca.kl_k3(logp, self._ref_logp(mb)), mb.mask, agg, norm)
                         loss = loss + c.kl_beta * kl
@@ -309,8 +331,7 @@ class Learner:
                     self._backward(loss * w)
                 gap = ca.mismatch_stats(old_logp, mb.rollout_logp, mb.mask, cap)
                 gap_max = max(gap_max, gap.pop("logprob_gap_max"))
-                stats.update(loss=float(loss.detach()), entropy=float((entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1)),
-                             **gap)
+                stats.update(loss=float(loss.detach()), entropy=float((entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1)), **gap)
                 for k, v in stats.items():
                     if k in ("ratio_min",):
                         sums[k] = min(sums.get(k, v), v)
@@ -328,12 +349,18 @@ class Learner:
         out = {k: (v / weights_seen[k] if k in weights_seen and weights_seen[k] > 0 else v) for k, v in sums.items()}
         release_memory()
         elapsed = time.perf_counter() - start
-        out.update(logprob_gap_max=gap_max, tis_cap=cap or 0.0, grad_norm=max(norms), train_tokens=batch.tokens,
-                   train_seconds=elapsed, train_tokens_per_s=batch.tokens / max(elapsed, 1e-9),
-                   micro_batches=self.last_micro_batches, token_budget=self.last_token_budget)
+        out.update(
+            logprob_gap_max=gap_max,
+            tis_cap=cap or 0.0,
+            grad_norm=max(norms),
+            train_tokens=batch.tokens,
+            train_seconds=elapsed,
+            train_tokens_per_s=batch.tokens / max(elapsed, 1e-9),
+            micro_batches=self.last_micro_batches,
+            token_budget=self.last_token_budget,
+        )
         if anchored:
-            out.update(anchor_nll=sum(anchor_nll) / len(anchor_nll), anchor_coef=anchor_coef,
-                       anchor_tokens=int(anchor.mask.sum()))
+            out.update(anchor_nll=sum(anchor_nll) / len(anchor_nll), anchor_coef=anchor_coef, anchor_tokens=int(anchor.mask.sum()))
         return out
 
     def tis_cap(self) -> float | None:
@@ -387,9 +414,14 @@ class Learner:
         # no malloc_trim per step (generation has one): the peak is the step's own activations, and
         # trimming every SFT step kept it (8.8 vs 8.2 GB) at 1.17x the time (bench/host_memory.py, f6b9973)
         elapsed = time.perf_counter() - start
-        return {"sft_loss": nll, "sft_token_accuracy": correct / max(total, 1.0),
-                "grad_norm": norm, "train_tokens": int(total), "train_seconds": elapsed,
-                "train_tokens_per_s": total / max(elapsed, 1e-9)}
+        return {
+            "sft_loss": nll,
+            "sft_token_accuracy": correct / max(total, 1.0),
+            "grad_norm": norm,
+            "train_tokens": int(total),
+            "train_seconds": elapsed,
+            "train_tokens_per_s": total / max(elapsed, 1e-9),
+        }
 
 
 def shard_model(model: torch.nn.Module, device: torch.device) -> None:
@@ -407,8 +439,7 @@ def shard_model(model: torch.nn.Module, device: torch.device) -> None:
 
 def dist_world() -> int:
     """The number of data-parallel processes (1 unless torch.distributed is initialised)."""
-    return torch.distributed.get_world_size() if torch.distributed.is_available() and \
-        torch.distributed.is_initialized() else 1
+    return torch.distributed.get_world_size() if torch.distributed.is_available() and torch.distributed.is_initialized() else 1
 
 
 def _fit(row: torch.Tensor, width: int) -> torch.Tensor:
@@ -420,8 +451,17 @@ def _fit(row: torch.Tensor, width: int) -> torch.Tensor:
 def _split(items: list[int], parts: int) -> list[list[int]]:
     parts = max(1, min(parts, len(items)))
     size = -(-len(items) // parts)
-    return [items[i: i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-__all__ = ["DEFAULT_TIS_CAP", "LOSS_DEFAULTS", "Learner", "LearnerConfig", "LoraSettings", "apply_lora", "dist_world",
-           "loss_settings", "shard_model"]
+__all__ = [
+    "DEFAULT_TIS_CAP",
+    "LOSS_DEFAULTS",
+    "Learner",
+    "LearnerConfig",
+    "LoraSettings",
+    "apply_lora",
+    "dist_world",
+    "loss_settings",
+    "shard_model",
+]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolgym.harness.host_memory import release_memory
+from toolgym.inference.host_memory import release_memory
 
 if TYPE_CHECKING:  # torch is imported by the functions: the CLI imports this module for its error type
     import torch
@@ -80,8 +80,17 @@ def check_fits(model: torch.nn.Module, device: torch.device, padded_tokens: int,
         raise TrainingMemoryError(
             f"{what}: {padded_tokens} tokens in one micro-batch need about {need / 2**30:.1f} GiB of activations, "
             f"but {free / 2**30:.1f} GiB are free: set rl.learner.token_budget lower (or to auto), shorten "
-            f"rollout.max_total_tokens, or use rl.learner.autocast: bf16")
+            f"rollout.max_total_tokens, or use rl.learner.autocast: bf16"
+        )
 
 
-__all__ = ["MAX_AUTO_BUDGET", "MEMORY_SHARE", "TrainingMemoryError", "auto_token_budget", "bytes_per_token",
-           "check_fits", "free_memory", "release_memory"]
+__all__ = [
+    "MAX_AUTO_BUDGET",
+    "MEMORY_SHARE",
+    "TrainingMemoryError",
+    "auto_token_budget",
+    "bytes_per_token",
+    "check_fits",
+    "free_memory",
+    "release_memory",
+]

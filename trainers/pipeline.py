@@ -17,7 +17,8 @@ train/inference logprob gap every step.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from toolgym.harness.trajectory import Trajectory
 
@@ -43,7 +44,7 @@ class RolloutPipeline:
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._produce, name="rollouts", daemon=True)
 
-    def start(self) -> "RolloutPipeline":
+    def start(self) -> RolloutPipeline:
         """Start producing."""
         self._thread.start()
         return self

@@ -20,8 +20,7 @@ def start_ray(settings: Any) -> None:
         init_local_ray()
 
 
-def ray_runner(config: Any, agent: TokenAgent, tokenizer_path: str | None, limits: RolloutLimits,
-               actor: Any = None) -> Any:
+def ray_runner(config: Any, agent: TokenAgent, tokenizer_path: str | None, limits: RolloutLimits, actor: Any = None) -> Any:
     """`EnvWorker`s for the campaign's environments, sampling from the configured servers, or
     else from the `PolicyActor` handle `actor`."""
     from toolgym.harness.ray_pool import RayRolloutRunner, actor_agent_spec
@@ -33,9 +32,16 @@ def ray_runner(config: Any, agent: TokenAgent, tokenizer_path: str | None, limit
     else:
         spec = actor_agent_spec(actor, tokenizer_path, agent.sampling)
     env_kwargs = {full_id(m.env): {"sandbox": m.sandbox} for m in config.envs if m.sandbox is not None}
-    return RayRolloutRunner(env_kwargs, spec, workers=r.ray.workers, envs_per_worker=r.ray.envs_per_worker,
-                            group_size=config.rl.group_size, limits=limits, deadline_s=r.ray.deadline_s,
-                            max_resubmits=r.ray.max_resubmits)
+    return RayRolloutRunner(
+        env_kwargs,
+        spec,
+        workers=r.ray.workers,
+        envs_per_worker=r.ray.envs_per_worker,
+        group_size=config.rl.group_size,
+        limits=limits,
+        deadline_s=r.ray.deadline_s,
+        max_resubmits=r.ray.max_resubmits,
+    )
 
 
 __all__ = ["ray_runner", "start_ray"]

@@ -136,33 +136,43 @@ def evaluation_only_suites(run_dir: Path) -> set[str]:
     return {entry.get("suite") for entry in (config.get("eval") or {}).get("suites") or [] if isinstance(entry, dict)}
 
 
-def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], before: str, after: str,
-                    headline: dict[str, Any]) -> list[str]:
+def heldout_section(
+    run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], before: str, after: str, headline: dict[str, Any]
+) -> list[str]:
     """The held-out table: base, `before` (SFT) and `after` (final) pass@1 per suite and family, with
     the paired difference after - before (same tasks, same samples) and its bootstrap CI."""
     from toolgym.harness.evaluate import paired_difference
 
     base = "base" if "base" in evals and before != "base" else None
     cols = ([base] if base else []) + [before, after]
-    lines = [f"## Held-out pass@1: {' -> '.join(f'`{c}`' for c in cols)}", "",
-             "95% bootstrap CIs over tasks; the same sampling settings at every evaluation. The change "
-             f"`{after}` - `{before}`" + (f" (and `{after}` - `base`)" if base else "") + " is paired (the same tasks and "
-             "sampling seeds in both), in points.", "",
-             "| suite | slice | episodes | " + " | ".join(cols) + f" | {after} - {before} (paired) |"
-             + (f" {after} - {base} (paired) |" if base else ""),
-             "|---|---|---|" + "---|" * (len(cols) + 1 + bool(base))]
+    lines = [
+        f"## Held-out pass@1: {' -> '.join(f'`{c}`' for c in cols)}",
+        "",
+        "95% bootstrap CIs over tasks; the same sampling settings at every evaluation. The change "
+        f"`{after}` - `{before}`" + (f" (and `{after}` - `base`)" if base else "") + " is paired (the same tasks and "
+        "sampling seeds in both), in points.",
+        "",
+        "| suite | slice | episodes | "
+        + " | ".join(cols)
+        + f" | {after} - {before} (paired) |"
+        + (f" {after} - {base} (paired) |" if base else ""),
+        "|---|---|---|" + "---|" * (len(cols) + 1 + bool(base)),
+    ]
     warnings = []
     evaluated_only = evaluation_only_suites(run_dir)
     for suite in sorted(set(evals[before]) | set(evals.get(after, {}))):
         reports = [evals.get(c, {}).get(suite) for c in cols]
         budgets = {json.dumps((r or {}).get("budget"), sort_keys=True) for r in reports if r}
         if len(budgets) > 1:
-            warnings.append(f"**WARNING: `{suite}`'s evaluations ran under different budgets** ("
-                            + "; ".join(f"`{c}`: {(r or {}).get('budget')}" for c, r in zip(cols, reports)) +
-                            "): their differences are not the policy's alone.")
+            warnings.append(
+                f"**WARNING: `{suite}`'s evaluations ran under different budgets** ("
+                + "; ".join(f"`{c}`: {(r or {}).get('budget')}" for c, r in zip(cols, reports))
+                + "): their differences are not the policy's alone."
+            )
         trajs = {c: _eval_trajectories(run_dir, c, suite) for c in ([base] if base else []) + [before, after]}
-        fams = sorted(set(evals[before].get(suite, {}).get("by_family", {})) |
-                      set(evals.get(after, {}).get(suite, {}).get("by_family", {})))
+        fams = sorted(
+            set(evals[before].get(suite, {}).get("by_family", {})) | set(evals.get(after, {}).get(suite, {}).get("by_family", {}))
+        )
         for fam in [None, *fams]:
             pick = {c: [t for t in trajs[c] if fam is None or t.family == fam] for c in trajs}
             diff = paired_difference(pick[before], pick[after], seed=0) if pick[before] and pick[after] else None
@@ -170,21 +180,31 @@ def heldout_section(run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], 
             base_diff = paired_difference(pick[base], pick[after], seed=0) if base and pick[base] and pick[after] else None
             ests = [_pass1(evals.get(c, {}).get(suite), fam) for c in cols]
             episodes = len(pick[after]) or (evals.get(after, {}).get(suite, {}).get("overall") or {}).get("episodes", 0)
-            lines.append(f"| {suite} | {fam or 'all'} | {episodes} | " + " | ".join(_fmt(e) for e in ests)
-                         + f" | {_points(diff)} |" + (f" {_points(base_diff)} |" if base else ""))
+            lines.append(
+                f"| {suite} | {fam or 'all'} | {episodes} | "
+                + " | ".join(_fmt(e) for e in ests)
+                + f" | {_points(diff)} |"
+                + (f" {_points(base_diff)} |" if base else "")
+            )
             if fam is None:
                 values = {c: (e or {}).get("value") for c, e in zip(cols, ests)}
                 after_est = ests[-1] or {}
                 headline["suites"][suite] = {
-                    "base": values.get(base) if base else None, "before": values[before], "after": values[after],
-                    "after_ci": [after_est.get("low"), after_est.get("high")], "evaluated_only": suite in evaluated_only,
+                    "base": values.get(base) if base else None,
+                    "before": values[before],
+                    "after": values[after],
+                    "after_ci": [after_est.get("low"), after_est.get("high")],
+                    "evaluated_only": suite in evaluated_only,
                     "gain_points": None if diff is None or diff.tasks == 0 else diff.value * 100,
                     "gain_ci_points": None if diff is None or diff.tasks == 0 else [diff.low * 100, diff.high * 100],
-                    "episodes": episodes, "labels": cols,
+                    "episodes": episodes,
+                    "labels": cols,
                     "base_gain_points": None if base_diff is None or base_diff.tasks == 0 else base_diff.value * 100,
-                    "base_gain_ci_points": None if base_diff is None or base_diff.tasks == 0 else
-                    [base_diff.low * 100, base_diff.high * 100],
-                    "base_episodes": 0 if base_diff is None else base_diff.tasks}
+                    "base_gain_ci_points": None
+                    if base_diff is None or base_diff.tasks == 0
+                    else [base_diff.low * 100, base_diff.high * 100],
+                    "base_episodes": 0 if base_diff is None else base_diff.tasks,
+                }
     return lines + [""] + [w + "\n" for w in warnings]
 
 
@@ -194,38 +214,48 @@ def handoff_section(train: list[dict[str, Any]], evals: dict[str, dict[str, dict
     lines = ["## From SFT to RL", ""]
     for suite, report in sorted(evals.get(before, {}).items()):
         rates = (report.get("overall") or {}).get("outcome_rates", {})
-        lines.append(f"- `{suite}` after `{before}`: held-out pass@1 {_fmt(_pass1(report))}, format errors "
-                     f"{rates.get('format_error', 0):.1%}, truncated {rates.get('truncated', 0):.1%}, "
-                     f"timeouts {rates.get('timeout', 0):.1%}, infra errors {rates.get('infra_error', 0):.1%}.")
+        lines.append(
+            f"- `{suite}` after `{before}`: held-out pass@1 {_fmt(_pass1(report))}, format errors "
+            f"{rates.get('format_error', 0):.1%}, truncated {rates.get('truncated', 0):.1%}, "
+            f"timeouts {rates.get('timeout', 0):.1%}, infra errors {rates.get('infra_error', 0):.1%}."
+        )
     first = train[: max(1, min(3, len(train)))]
     if first:
         signal = [1 - r.get("groups_zero_variance_frac", 1.0) for r in first if "groups_zero_variance_frac" in r]
         passes = [r.get("pass_rate", 0.0) for r in first]
-        lines.append(f"- First {len(first)} RL step(s): train pass rate {', '.join(f'{p:.2f}' for p in passes)}; "
-                     f"groups with reward variance (a gradient) {', '.join(f'{x:.0%}' for x in signal) or 'n/a'}. "
-                     "Headroom for RL means a pass rate well below 1 and groups with variance.")
+        lines.append(
+            f"- First {len(first)} RL step(s): train pass rate {', '.join(f'{p:.2f}' for p in passes)}; "
+            f"groups with reward variance (a gradient) {', '.join(f'{x:.0%}' for x in signal) or 'n/a'}. "
+            "Headroom for RL means a pass rate well below 1 and groups with variance."
+        )
     return lines + [""]
 
 
 def curve_table(train: list[dict[str, Any]]) -> list[str]:
     """The train reward curve as a table: one row per RL step."""
-    lines = ["## Train reward per RL step", "",
-             "Mismatch: mean |logp_train - logp_rollout| over policy tokens and a k3 estimate of "
-             "KL(rollout || train); TIS truncated: the share of tokens whose importance weight hit the cap "
-             "(0 when the sampler is the trained model). Truncated: episodes cut by their turn or token limit. "
-             "Screened: candidate tasks whose reference solution was scored before the draw (`sampler.screen`) "
-             "and the seconds it took.", "",
-             "| step | reward mean | pass rate | groups with variance | trained groups | extra draws | screened "
-             "| truncated | mismatch \\|dlogp\\| | mismatch KL | TIS truncated | rollout s | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Train reward per RL step",
+        "",
+        "Mismatch: mean |logp_train - logp_rollout| over policy tokens and a k3 estimate of "
+        "KL(rollout || train); TIS truncated: the share of tokens whose importance weight hit the cap "
+        "(0 when the sampler is the trained model). Truncated: episodes cut by their turn or token limit. "
+        "Screened: candidate tasks whose reference solution was scored before the draw (`sampler.screen`) "
+        "and the seconds it took.",
+        "",
+        "| step | reward mean | pass rate | groups with variance | trained groups | extra draws | screened "
+        "| truncated | mismatch \\|dlogp\\| | mismatch KL | TIS truncated | rollout s | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in train:
         signal = 1 - r["groups_zero_variance_frac"] if "groups_zero_variance_frac" in r else float("nan")
         screened = f"{r['screen_scored']} ({r.get('screen_seconds', 0):.0f} s)" if "screen_scored" in r else "-"
-        lines.append(f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('pass_rate', 0):.3f} | {signal:.0%} | "
-                     f"{r.get('trained_groups', 'n/a')} | {r.get('dynamic_extra_draws', 0)} | {screened} | "
-                     f"{r.get('truncation_rate', 0):.0%} | {r.get('logprob_gap_mean', float('nan')):.2e} | "
-                     f"{r.get('mismatch_kl', float('nan')):.2e} | {r.get('tis_truncated_frac', 0):.2%} | "
-                     f"{r.get('time_rollout_s', 0):.0f} | {r.get('time_train_s', 0):.0f} |")
+        lines.append(
+            f"| {r['step']} | {r.get('reward_mean', 0):.3f} | {r.get('pass_rate', 0):.3f} | {signal:.0%} | "
+            f"{r.get('trained_groups', 'n/a')} | {r.get('dynamic_extra_draws', 0)} | {screened} | "
+            f"{r.get('truncation_rate', 0):.0%} | {r.get('logprob_gap_mean', float('nan')):.2e} | "
+            f"{r.get('mismatch_kl', float('nan')):.2e} | {r.get('tis_truncated_frac', 0):.2%} | "
+            f"{r.get('time_rollout_s', 0):.0f} | {r.get('time_train_s', 0):.0f} |"
+        )
     return lines + [""]
 
 
@@ -237,8 +267,7 @@ def audit_indices(rewards: list[float], per_kind: int = 2, seed: int = 0) -> tup
     order = sorted(range(len(rewards)), key=lambda i: -rewards[i])
     top = order[:per_kind]
     rest = [i for i in range(len(rewards)) if i not in top]
-    drawn = sorted(np.random.default_rng(seed).choice(rest, size=min(per_kind, len(rest)), replace=False).tolist()) \
-        if rest else []
+    drawn = sorted(np.random.default_rng(seed).choice(rest, size=min(per_kind, len(rest)), replace=False).tolist()) if rest else []
     return top, drawn
 
 
@@ -251,8 +280,13 @@ def write_audit(run_dir: Path, per_kind: int = 2, seed: int = 0) -> Path | None:
     files = sorted((run_dir / "rollouts").glob("step-*.jsonl"))
     if not files:
         return None
-    lines = ["# Audit sample", "", f"Per RL step: the {per_kind} highest-reward rollouts and {per_kind} drawn at "
-             "random (seeded) from the rest. Read them: a high reward for the wrong reason is a reward hack.", ""]
+    lines = [
+        "# Audit sample",
+        "",
+        f"Per RL step: the {per_kind} highest-reward rollouts and {per_kind} drawn at "
+        "random (seeded) from the rest. Read them: a high reward for the wrong reason is a reward hack.",
+        "",
+    ]
     for path in files:
         trajs = read_jsonl(path)
         top, drawn = audit_indices([t.reward for t in trajs], per_kind, seed)
@@ -267,22 +301,31 @@ def write_audit(run_dir: Path, per_kind: int = 2, seed: int = 0) -> Path | None:
 
 def _audit_entry(traj: Any, label: str) -> list[str]:
     """One rollout as a readable block."""
+
     def clip(text: Any, n: int = 600) -> str:
         text = str(text)
         return text if len(text) <= n else text[:n] + f" ... ({len(text) - n} more characters)"
 
-    out = [f"### {label}: task `{traj.task_id[:12]}` ({traj.family}), reward {traj.reward:.2f}, outcome "
-           f"`{traj.outcome.value}`" + (f", limit hit: {traj.limit_hit}" if traj.limit_hit else ""), ""]
+    out = [
+        f"### {label}: task `{traj.task_id[:12]}` ({traj.family}), reward {traj.reward:.2f}, outcome "
+        f"`{traj.outcome.value}`" + (f", limit hit: {traj.limit_hit}" if traj.limit_hit else ""),
+        "",
+    ]
     for m in traj.messages:
         role = m.get("role", "?")
         if role == "system":
             continue
-        out += [f"- **{role}**" + (f" ({m['name']})" if m.get("name") else "") + ":", "", "  ```",
-                *["  " + line for line in clip(m.get("content", "")).splitlines()], "  ```"]
+        out += [
+            f"- **{role}**" + (f" ({m['name']})" if m.get("name") else "") + ":",
+            "",
+            "  ```",
+            *["  " + line for line in clip(m.get("content", "")).splitlines()],
+            "  ```",
+        ]
     if traj.verdict is not None:
         out.append(f"- **verdict**: {traj.verdict.reason or traj.verdict.outcome.value}")
     if traj.side_effects:
-        out.append("- **side effects**: " + ", ".join(sorted({e.get('kind', '?') for e in traj.side_effects})))
+        out.append("- **side effects**: " + ", ".join(sorted({e.get("kind", "?") for e in traj.side_effects})))
     return out + [""]
 
 
@@ -297,20 +340,26 @@ def headline_lines(headline: dict[str, Any]) -> list[str]:
         if n.get("before") is None:  # an evaluation-only suite evaluated at the end alone
             lo, hi = n["after_ci"]  # set wherever "after" is
             label = names.get(n["labels"][-1], n["labels"][-1])
-            out.append(f"{suite} held-out pass@1: {label} {n['after']:.3f} [{lo:.3f}, {hi:.3f}] "
-                       f"({n['episodes']} episodes{untrained})")
+            out.append(f"{suite} held-out pass@1: {label} {n['after']:.3f} [{lo:.3f}, {hi:.3f}] ({n['episodes']} episodes{untrained})")
             continue
-        chain = " -> ".join(f"{names.get(lbl, lbl)} {v:.3f}" for lbl, v in zip(
-            n["labels"], [n.get("base"), n["before"], n["after"]][-len(n["labels"]):]) if v is not None)
+        chain = " -> ".join(
+            f"{names.get(lbl, lbl)} {v:.3f}"
+            for lbl, v in zip(n["labels"], [n.get("base"), n["before"], n["after"]][-len(n["labels"]) :])
+            if v is not None
+        )
         detail = ""
         if n.get("gain_points") is not None:
             lo, hi = n["gain_ci_points"]
-            detail = (f" ({names.get(n['labels'][-1], n['labels'][-1])} - {names.get(n['labels'][-2], n['labels'][-2])} "
-                      f"{n['gain_points']:+.1f} points, 95% CI [{lo:+.1f}, {hi:+.1f}], paired; {n['episodes']} episodes")
+            detail = (
+                f" ({names.get(n['labels'][-1], n['labels'][-1])} - {names.get(n['labels'][-2], n['labels'][-2])} "
+                f"{n['gain_points']:+.1f} points, 95% CI [{lo:+.1f}, {hi:+.1f}], paired; {n['episodes']} episodes"
+            )
             if n.get("base_gain_points") is not None:
                 blo, bhi = n["base_gain_ci_points"]
-                detail += (f"; {names.get(n['labels'][-1], n['labels'][-1])} - base {n['base_gain_points']:+.1f} points, "
-                           f"95% CI [{blo:+.1f}, {bhi:+.1f}], paired on {n['base_episodes']} episodes")
+                detail += (
+                    f"; {names.get(n['labels'][-1], n['labels'][-1])} - base {n['base_gain_points']:+.1f} points, "
+                    f"95% CI [{blo:+.1f}, {bhi:+.1f}], paired on {n['base_episodes']} episodes"
+                )
             detail += untrained + ")"
         out.append(f"{suite} held-out pass@1: {chain}{detail}")
     return out
@@ -338,26 +387,43 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
         lines += handoff_section(train, evals, before)
     if train:
         last = train[-1]
-        lines += ["## Training", "", f"{len(train)} RL steps. Last step: reward {last.get('reward_mean', 0):.3f}, "
-                  f"pass rate {last.get('pass_rate', 0):.3f}, entropy {last.get('entropy', float('nan')):.3f}, "
-                  f"train/inference logprob gap mean {last.get('logprob_gap_mean', float('nan')):.2e}, mismatch KL "
-                  f"{last.get('mismatch_kl', float('nan')):.2e}, TIS cap {last.get('tis_cap') or 'off'} (tokens "
-                  f"truncated {last.get('tis_truncated_frac', 0):.2%}).", ""]
+        lines += [
+            "## Training",
+            "",
+            f"{len(train)} RL steps. Last step: reward {last.get('reward_mean', 0):.3f}, "
+            f"pass rate {last.get('pass_rate', 0):.3f}, entropy {last.get('entropy', float('nan')):.3f}, "
+            f"train/inference logprob gap mean {last.get('logprob_gap_mean', float('nan')):.2e}, mismatch KL "
+            f"{last.get('mismatch_kl', float('nan')):.2e}, TIS cap {last.get('tis_cap') or 'off'} (tokens "
+            f"truncated {last.get('tis_truncated_frac', 0):.2%}).",
+            "",
+        ]
         total = {k: sum(r.get(k, 0.0) for r in train) for k in ("time_rollout_s", "time_verify_s", "time_train_s")}
-        lines += [f"Time: rollout {total['time_rollout_s']:.0f} s (verification inside it: "
-                  f"{total['time_verify_s']:.0f} s of verifier time), training {total['time_train_s']:.0f} s.", ""]
+        lines += [
+            f"Time: rollout {total['time_rollout_s']:.0f} s (verification inside it: "
+            f"{total['time_verify_s']:.0f} s of verifier time), training {total['time_train_s']:.0f} s.",
+            "",
+        ]
         peak = max((r["peak_rss_gb"] for r in records if isinstance(r.get("peak_rss_gb"), (int, float))), default=None)
         if peak is not None:  # runs logged before toolgym recorded memory have none
-            lines += [f"Memory: the process's peak resident memory {peak:.1f} GB (the train and eval rows of "
-                      f"`metrics.jsonl` record it as `rss_gb` / `peak_rss_gb`).", ""]
+            lines += [
+                f"Memory: the process's peak resident memory {peak:.1f} GB (the train and eval rows of "
+                f"`metrics.jsonl` record it as `rss_gb` / `peak_rss_gb`).",
+                "",
+            ]
         lines += curve_table(train)
         samplers = {k: v for k, v in last.items() if k.startswith("sampler/")}
         if samplers:
-            lines += ["## Sampler (after the last step)", "", "| suite | active | solved (retired) | unsolvable (retired) "
-                      "| never tried | mean E[p(1-p)] |", "|---|---|---|---|---|---|"]
+            lines += [
+                "## Sampler (after the last step)",
+                "",
+                "| suite | active | solved (retired) | unsolvable (retired) | never tried | mean E[p(1-p)] |",
+                "|---|---|---|---|---|---|",
+            ]
             for key, s in samplers.items():
-                lines.append(f"| {key.split('/', 1)[1]} | {s['active']} | {s['retired_solved']} | {s['retired_unsolvable']} "
-                             f"| {s['unseen']} | {s['mean_learnability']:.3f} |")
+                lines.append(
+                    f"| {key.split('/', 1)[1]} | {s['active']} | {s['retired_solved']} | {s['retired_unsolvable']} "
+                    f"| {s['unseen']} | {s['mean_learnability']:.3f} |"
+                )
             lines.append("")
         kinds = sorted({k for r in train for k in (r.get("side_effect_rate") or {})})
         lines += ["## Safety: side effects per episode during training", ""]
@@ -379,5 +445,14 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
     return headline
 
 
-__all__ = ["ReportError", "write_audit", "curve_table", "evaluation_only_suites", "handoff_section", "headline_lines",
-           "heldout_section", "plot_curves", "write_report"]
+__all__ = [
+    "ReportError",
+    "write_audit",
+    "curve_table",
+    "evaluation_only_suites",
+    "handoff_section",
+    "headline_lines",
+    "heldout_section",
+    "plot_curves",
+    "write_report",
+]

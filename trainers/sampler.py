@@ -70,38 +70,55 @@ class SamplerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: str = Field(default="learnability", pattern="^(learnability|uniform)$",
-                      description="learnability (p(1-p) before rollout) | uniform (the ablation)")
+    kind: str = Field(
+        default="learnability",
+        pattern="^(learnability|uniform)$",
+        description="learnability (p(1-p) before rollout) | uniform (the ablation)",
+    )
     prior: tuple[float, float] = Field(default=(1.0, 1.0), description="Beta prior (alpha, beta) of a new task")
     floor: float = Field(default=0.02, ge=0.0, description="minimum draw weight of an active task")
-    decay: float = Field(default=0.98, gt=0.0, le=1.0,
-                         description="per update, old evidence is kept with this weight (the policy moves)")
+    decay: float = Field(default=0.98, gt=0.0, le=1.0, description="per update, old evidence is kept with this weight (the policy moves)")
     retire_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     solved_above: float = Field(default=0.9, gt=0.5, le=1.0)
     unsolvable_below: float = Field(default=0.05, ge=0.0, lt=0.5)
     min_attempts: int = Field(default=8, ge=1, description="attempts before a task may be retired")
     retest_every: int = Field(default=10, ge=1, description="every N draws one retired task is tried again")
-    pool_strength: float = Field(default=16.0, ge=0.0, description="a task's posterior includes its group's "
-                                 "(family's) pooled pass rate, worth at most this many attempts; 0 = no pooling")
-    screen: int = Field(default=0, ge=0, description="draw this many candidates per task needed and keep those "
-                        "whose reference solution's probability under the policy predicts the most reward "
-                        "variance (trainers/screening.py); 0 or 1 = off")
-    screen_strength: float = Field(default=8.0, gt=0.0, description="a screened task's predicted pass rate "
-                                   "counts as this many attempts (it replaces the family's pooled evidence)")
-    screen_declines: bool = Field(default=False, description="a task that any answer without a call passes "
-                                  "(BFCL irrelevance) is screened by 1 - p(the answer opens a call) instead of "
-                                  "p(its oracle's fixed sentence), which a policy that declines in its own words "
-                                  "never says (trainers/screening.py)")
-    stratify: bool = Field(default=False, description="split each draw evenly across the suite's families (the "
-                           "groups), the weights choosing within each family: no family is left out of a step "
-                           "because it passes often (a family the policy has mastered still holds its ground)")
+    pool_strength: float = Field(
+        default=16.0,
+        ge=0.0,
+        description="a task's posterior includes its group's (family's) pooled pass rate, worth at most this many attempts; 0 = no pooling",
+    )
+    screen: int = Field(
+        default=0,
+        ge=0,
+        description="draw this many candidates per task needed and keep those "
+        "whose reference solution's probability under the policy predicts the most reward "
+        "variance (trainers/screening.py); 0 or 1 = off",
+    )
+    screen_strength: float = Field(
+        default=8.0,
+        gt=0.0,
+        description="a screened task's predicted pass rate counts as this many attempts (it replaces the family's pooled evidence)",
+    )
+    screen_declines: bool = Field(
+        default=False,
+        description="a task that any answer without a call passes "
+        "(BFCL irrelevance) is screened by 1 - p(the answer opens a call) instead of "
+        "p(its oracle's fixed sentence), which a policy that declines in its own words "
+        "never says (trainers/screening.py)",
+    )
+    stratify: bool = Field(
+        default=False,
+        description="split each draw evenly across the suite's families (the "
+        "groups), the weights choosing within each family: no family is left out of a step "
+        "because it passes often (a family the policy has mastered still holds its ground)",
+    )
 
 
 class LearnabilitySampler:
     """Draws tasks by expected reward variance (or uniformly); see the module docstring."""
 
-    def __init__(self, task_ids: list[str], config: SamplerConfig | None = None,
-                 groups: dict[str, str] | None = None) -> None:
+    def __init__(self, task_ids: list[str], config: SamplerConfig | None = None, groups: dict[str, str] | None = None) -> None:
         if not task_ids:
             raise ValueError("the sampler needs at least one task")
         self.config = config or SamplerConfig()
@@ -136,8 +153,7 @@ class LearnabilitySampler:
             return np.ones(len(ids))
         return np.array([max(self.learnability(t), self.config.floor) for t in ids])
 
-    def family_quotas(self, n: int, rng: np.random.Generator,
-                      exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, int]:
+    def family_quotas(self, n: int, rng: np.random.Generator, exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, int]:
         """How many of `n` tasks each family gets in a stratified draw (`stratify`): as even as
         the families' sizes allow, the remainder to families chosen at random. A task without a
         group is its own family."""
@@ -158,8 +174,9 @@ class LearnabilitySampler:
                 left -= add
         return {f: q for f, q in quotas.items() if q > 0}
 
-    def draw(self, n: int, rng: np.random.Generator, exclude: set[str] | frozenset[str] = frozenset(),
-             family: str | None = None) -> list[str]:
+    def draw(
+        self, n: int, rng: np.random.Generator, exclude: set[str] | frozenset[str] = frozenset(), family: str | None = None
+    ) -> list[str]:
         """`n` distinct task ids (fewer only if fewer tasks exist), before any rollout; none of
         `exclude` (tasks this step already plays); only tasks of `family` when one is named (a
         stratified draw asks once per family, with `family_quotas`). Each call counts as one
@@ -169,10 +186,8 @@ class LearnabilitySampler:
         def eligible(t: str) -> bool:
             return t not in exclude and (family is None or self.groups.get(t, t) == family)
 
-        active = [t for t, s in self.stats.items() if (s.retired is None or self.config.kind == "uniform")
-                  and eligible(t)]
-        retired = [t for t, s in self.stats.items() if s.retired is not None and self.config.kind != "uniform"
-                   and eligible(t)]
+        active = [t for t, s in self.stats.items() if (s.retired is None or self.config.kind == "uniform") and eligible(t)]
+        retired = [t for t, s in self.stats.items() if s.retired is not None and self.config.kind != "uniform" and eligible(t)]
         chosen: list[str] = []
         if retired and self.draws % self.config.retest_every == 0:
             chosen.append(retired[int(rng.integers(len(retired)))])  # re-test one: the policy may have moved
@@ -196,6 +211,7 @@ class LearnabilitySampler:
     def keep_screened(self, candidates: list[str], n: int, predicted: dict[str, float]) -> list[str]:
         """The `n` candidates with the most expected reward variance: screened ones by their
         predicted pass rate, the others by their posterior (ties keep the draw's random order)."""
+
         def score(task_id: str) -> float:
             if task_id in predicted:
                 return self.screened_learnability(task_id, predicted[task_id])
@@ -242,23 +258,29 @@ class LearnabilitySampler:
         """Counts of active / solved / unsolvable / unseen tasks and the mean learnability."""
         values = list(self.stats.values())
         active = [t for t, s in self.stats.items() if s.retired is None]
-        return {"tasks": len(values), "active": len(active),
-                "retired_solved": sum(s.retired == "solved" for s in values),
-                "retired_unsolvable": sum(s.retired == "unsolvable" for s in values),
-                "unseen": sum(s.attempts == 0 for s in values),
-                "mean_learnability": float(np.mean([self.learnability(t) for t in active])) if active else 0.0,
-                "mean_pass_rate": float(np.mean([s.mean for s in values if s.attempts])) if any(
-                    s.attempts for s in values) else math.nan,
-                "group_pass_rate": {g: p[0] / sum(p) for g, p in sorted(self.pooled.items()) if sum(p) > 0}}
+        return {
+            "tasks": len(values),
+            "active": len(active),
+            "retired_solved": sum(s.retired == "solved" for s in values),
+            "retired_unsolvable": sum(s.retired == "unsolvable" for s in values),
+            "unseen": sum(s.attempts == 0 for s in values),
+            "mean_learnability": float(np.mean([self.learnability(t) for t in active])) if active else 0.0,
+            "mean_pass_rate": float(np.mean([s.mean for s in values if s.attempts])) if any(s.attempts for s in values) else math.nan,
+            "group_pass_rate": {g: p[0] / sum(p) for g, p in sorted(self.pooled.items()) if sum(p) > 0},
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly (JSON-able)."""
-        return {"config": self.config.model_dump(mode="json"), "draws": self.draws,
-                "stats": {t: s.model_dump() for t, s in self.stats.items()},
-                "groups": self.groups, "pooled": self.pooled}
+        return {
+            "config": self.config.model_dump(mode="json"),
+            "draws": self.draws,
+            "stats": {t: s.model_dump() for t, s in self.stats.items()},
+            "groups": self.groups,
+            "pooled": self.pooled,
+        }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "LearnabilitySampler":
+    def from_state(cls, state: dict[str, Any]) -> LearnabilitySampler:
         """The sampler `state_dict` saved."""
         sampler = cls(list(state["stats"]), SamplerConfig.model_validate(state["config"]), state.get("groups"))
         sampler.stats = {t: TaskStats.model_validate(s) for t, s in state["stats"].items()}

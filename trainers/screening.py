@@ -27,7 +27,8 @@ measured with it scored like any reference.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -45,8 +46,7 @@ SCREEN_TOKEN_BUDGET = 16384
 class ReferenceScreen:
     """Reference demonstrations per task and their log-probability under a model."""
 
-    def __init__(self, tokenizer: Any, make_env: Callable[[str], Any], concurrency: int = 16,
-                 declines: bool = False) -> None:
+    def __init__(self, tokenizer: Any, make_env: Callable[[str], Any], concurrency: int = 16, declines: bool = False) -> None:
         self.tokenizer = tokenizer
         self.make_env = make_env
         self.concurrency = concurrency
@@ -73,15 +73,15 @@ class ReferenceScreen:
         missing = [t for t in tasks if t.id not in self.references]
         if not missing:
             return
-        played = collect_demonstrations(missing, self.tokenizer, self.make_env, concurrency=self.concurrency,
-                                        progress=False)
+        played = collect_demonstrations(missing, self.tokenizer, self.make_env, concurrency=self.concurrency, progress=False)
         by_id = {t.task_id: t for t in played}
         for task in missing:
             demo = by_id.get(task.id)
             self.references[task.id] = demo if demo is not None and demo.outcome == Outcome.PASSED else None
 
-    def log_probabilities(self, model: torch.nn.Module, tasks: list[Task], pad_id: int,
-                          max_len: int | None = None, temperature: float = 1.0) -> dict[str, float]:
+    def log_probabilities(
+        self, model: torch.nn.Module, tasks: list[Task], pad_id: int, max_len: int | None = None, temperature: float = 1.0
+    ) -> dict[str, float]:
         """log p(reference | task) under `model` sampled at `temperature`, summed over the
         reference's policy tokens, for every task that has a reference (the others are left out);
         for a task that declining passes (`declines`), log p(the answer opens a call) instead."""
@@ -89,8 +89,10 @@ class ReferenceScreen:
         known = [t.id for t in tasks if self.references.get(t.id) is not None]
         if not known:
             return {}
-        rows = [self.opener(self.references[i]) if i in self.declines else self.references[i]  # type: ignore[arg-type]
-                for i in known]
+        rows = [
+            self.opener(self.references[i]) if i in self.declines else self.references[i]  # type: ignore[arg-type]
+            for i in known
+        ]
         batch = pack(rows, [0.0] * len(known), pad_id, max_len)
         device = next(model.parameters()).device
         lengths = batch.attention.sum(1).tolist()
@@ -98,19 +100,18 @@ class ReferenceScreen:
         with torch.no_grad():
             for group in micro_batches(lengths, SCREEN_TOKEN_BUDGET):
                 mb = select(batch, group).to(device)
-                logp, _ = sequence_logprobs(model, mb.input_ids, mb.attention, share_prefix=False, mask=mb.mask,
-                                              temperature=temperature)
+                logp, _ = sequence_logprobs(model, mb.input_ids, mb.attention, share_prefix=False, mask=mb.mask, temperature=temperature)
                 sums = (logp.float() * mb.mask).sum(1).tolist()
                 out.update({known[i]: s for i, s in zip(group, sums)})
         return out
 
-    def predicted_pass_rates(self, model: torch.nn.Module, tasks: list[Task], pad_id: int,
-                             max_len: int | None = None, temperature: float = 1.0) -> dict[str, float]:
+    def predicted_pass_rates(
+        self, model: torch.nn.Module, tasks: list[Task], pad_id: int, max_len: int | None = None, temperature: float = 1.0
+    ) -> dict[str, float]:
         """Each screened task's predicted pass rate: p(reference), or 1 - p(a call opens) for a
         task that declining passes (see the module docstring)."""
         logps = self.log_probabilities(model, tasks, pad_id, max_len, temperature)
-        return {i: 1.0 - predicted_pass_rate(lp) if i in self.declines else predicted_pass_rate(lp)
-                for i, lp in logps.items()}
+        return {i: 1.0 - predicted_pass_rate(lp) if i in self.declines else predicted_pass_rate(lp) for i, lp in logps.items()}
 
     def opener(self, reference: Trajectory) -> Trajectory:
         """`reference`'s prompt followed by the tokens that open a tool call, as the policy's:
@@ -121,8 +122,7 @@ class ReferenceScreen:
                 break
             head.append(segment)
         ids = self.tokenizer.encode(OPEN, add_special_tokens=False)
-        return reference.model_copy(update={"segments": [*head, Segment(kind="policy", token_ids=ids,
-                                                                      logprobs=[0.0] * len(ids))]})
+        return reference.model_copy(update={"segments": [*head, Segment(kind="policy", token_ids=ids, logprobs=[0.0] * len(ids))]})
 
 
 def predicted_pass_rate(log_probability: float) -> float:

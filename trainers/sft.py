@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -16,10 +17,17 @@ from toolgym.tasks import Task
 from toolgym.verifiers import Outcome
 
 
-def oracle_demonstrations(train_tasks: dict[str, dict[str, Task]], per_suite: int, tokenizer: Any,
-                          make_env: Callable[..., Any], concurrency: int, progress: bool,
-                          console: Console, skip_families: tuple[str, ...] = (),
-                          family_limits: dict[str, int] | None = None) -> tuple[list[Trajectory], dict[str, Any]]:
+def oracle_demonstrations(
+    train_tasks: dict[str, dict[str, Task]],
+    per_suite: int,
+    tokenizer: Any,
+    make_env: Callable[..., Any],
+    concurrency: int,
+    progress: bool,
+    console: Console,
+    skip_families: tuple[str, ...] = (),
+    family_limits: dict[str, int] | None = None,
+) -> tuple[list[Trajectory], dict[str, Any]]:
     """The oracle played on the first `per_suite` train tasks of every suite (leaving out the
     families in `skip_families`, and taking at most `family_limits[f]` tasks of family f: the
     rest are filled from the other families), rendered as the policy's tokens: (the passing
@@ -44,10 +52,15 @@ def oracle_demonstrations(train_tasks: dict[str, dict[str, Task]], per_suite: in
     checks: dict[str, Any] = {}
     for suite, suite_tasks in train_tasks.items():
         mine = [t for t in played if t.task_id in suite_tasks]
-        checks[suite] = {"oracle_pass_rate": sum(t.outcome == Outcome.PASSED for t in mine) / max(1, len(mine)),
-                         "infra_errors": sum(t.outcome == Outcome.INFRA_ERROR for t in mine), "episodes": len(mine)}
-        console.print(f"oracle on {len(mine)} {suite} train tasks: pass@1 "
-                      f"{checks[suite]['oracle_pass_rate']:.3f}, infra errors {checks[suite]['infra_errors']}")
+        checks[suite] = {
+            "oracle_pass_rate": sum(t.outcome == Outcome.PASSED for t in mine) / max(1, len(mine)),
+            "infra_errors": sum(t.outcome == Outcome.INFRA_ERROR for t in mine),
+            "episodes": len(mine),
+        }
+        console.print(
+            f"oracle on {len(mine)} {suite} train tasks: pass@1 "
+            f"{checks[suite]['oracle_pass_rate']:.3f}, infra errors {checks[suite]['infra_errors']}"
+        )
     demos = [t for t in played if t.outcome == Outcome.PASSED]
     if not demos:
         raise RuntimeError("no oracle demonstration passed its verifier: check the environments")
@@ -67,7 +80,7 @@ def sft_batches(demos: list[Trajectory], steps: int, batch_size: int, rng: np.ra
         if start + batch_size > len(demos):
             order = rng.permutation(len(demos))
             start = 0
-        yield [demos[int(j)] for j in order[start: start + batch_size]]
+        yield [demos[int(j)] for j in order[start : start + batch_size]]
 
 
 def sft_learning_rate(lr: float, step: int, steps: int, schedule: str = "constant", warmup_steps: int = 0) -> float:
@@ -93,8 +106,7 @@ def sft_progress(steps: int, enabled: bool) -> Iterator[Callable[[float], None]]
     """A progress bar for SFT; yields `advance(loss)`."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = [TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("loss {task.fields[loss]:.3f}")]
+    columns = [TextColumn("SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("loss {task.fields[loss]:.3f}")]
     with Progress(*columns, disable=not enabled) as bar:
         bar_id = bar.add_task("sft", total=steps, loss=float("nan"))
         # not a terminal (a log file, CI): a plain line per step instead of a bar drawn at the end

@@ -21,12 +21,13 @@ def rollout_metrics(trajs: list[Trajectory], rewards: list[float], seconds: floa
     effects = Counter(e.get("kind", "?") for t in trajs for e in t.side_effects)
     verify_s = sum(t.verdict.duration_s for t in trajs if t.verdict is not None)
     # how close the failures came, where the verifier says (`rl.partial_credit` may train on it)
-    credits = [float(t.verdict.details["partial_credit"]) for t in trajs
-               if t.verdict is not None and "partial_credit" in t.verdict.details]
+    credits = [float(t.verdict.details["partial_credit"]) for t in trajs if t.verdict is not None and "partial_credit" in t.verdict.details]
     return {
-        "reward_mean": float(r.mean()) if r.size else 0.0, "reward_std": float(r.std()) if r.size else 0.0,
+        "reward_mean": float(r.mean()) if r.size else 0.0,
+        "reward_std": float(r.std()) if r.size else 0.0,
         "pass_rate": sum(trajs[i].outcome == Outcome.PASSED for i in graded) / max(1, len(graded)),
-        "episodes": len(trajs), "infra_or_verifier_errors": len(trajs) - len(graded),
+        "episodes": len(trajs),
+        "infra_or_verifier_errors": len(trajs) - len(graded),
         "groups_dropped_infra": len(broken),
         "outcomes": {k: v / n for k, v in outcomes.items()},
         "truncation_rate": outcomes.get("truncated", 0) / n,
@@ -48,8 +49,11 @@ def staleness_metrics(trajs: list[Trajectory], current_version: int, dropped: in
     """How many weight versions behind the learner (`current_version`) the rollouts' oldest turns
     were, and how many trajectories were dropped for it."""
     staleness = [t.staleness(current_version) for t in trajs if t.weight_versions]
-    return {"staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
-            "staleness_max": max(staleness, default=0), "stale_dropped": dropped}
+    return {
+        "staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
+        "staleness_max": max(staleness, default=0),
+        "stale_dropped": dropped,
+    }
 
 
 __all__ = ["rollout_metrics", "staleness_metrics"]

@@ -20,13 +20,18 @@ class AnswerVerifier:
         if hidden.kind != "answer" or hidden.answer is None:
             raise VerifierError(f"task {task.id} has no hidden answer (kind={hidden.kind!r})")
         if final_state.answer is None:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.FAILED, reason="no answer submitted",
-                           duration_s=time.perf_counter() - start)
+            return Verdict(
+                reward=0.0, passed=False, outcome=Outcome.FAILED, reason="no answer submitted", duration_s=time.perf_counter() - start
+            )
         ok = answers_match(final_state.answer, hidden.answer, hidden.match, hidden.tolerance)
-        return Verdict(reward=float(ok), passed=ok, outcome=Outcome.PASSED if ok else Outcome.FAILED,
-                       tests=[TestResult(name="answer", passed=ok)],
-                       reason="answer matches" if ok else f"answer {final_state.answer!r} does not match",
-                       duration_s=time.perf_counter() - start)
+        return Verdict(
+            reward=float(ok),
+            passed=ok,
+            outcome=Outcome.PASSED if ok else Outcome.FAILED,
+            tests=[TestResult(name="answer", passed=ok)],
+            reason="answer matches" if ok else f"answer {final_state.answer!r} does not match",
+            duration_s=time.perf_counter() - start,
+        )
 
 
 __all__ = ["AnswerVerifier", "VerifierError"]

@@ -53,11 +53,14 @@ def call_credit(function: dict, name: str, arguments: dict, expected: dict) -> f
         if parameter not in arguments:
             right += "" in expected[parameter]
         elif parameter in expected and parameter in properties:
-            alone = {"name": function["name"], "parameters": {"type": "dict", "required": [],
-                                                              "properties": {parameter: properties[parameter]}}}
+            alone = {
+                "name": function["name"],
+                "parameters": {"type": "dict", "required": [], "properties": {parameter: properties[parameter]}},
+            }
             try:
-                verdict = simple_function_checker(alone, {name: {parameter: arguments[parameter]}},
-                                                  {name: {parameter: expected[parameter]}}, Language.PYTHON, MODEL_NAME)
+                verdict = simple_function_checker(
+                    alone, {name: {parameter: arguments[parameter]}}, {name: {parameter: expected[parameter]}}, Language.PYTHON, MODEL_NAME
+                )
             except Exception:  # a value BFCL's checker cannot even compare is not right
                 continue
             right += bool(verdict["valid"])
@@ -81,9 +84,12 @@ def partial_credit(task: Task, answer: str) -> float:
     used: set[int] = set()
     total = 0.0
     for expected_call in args.get("ground_truth", []):
-        (name, expected), = expected_call.items()
-        options = [(call_credit(functions[name], name, calls[j][name], expected), j)
-                   for j in range(len(calls)) if j not in used and name in calls[j] and name in functions]
+        ((name, expected),) = expected_call.items()
+        options = [
+            (call_credit(functions[name], name, calls[j][name], expected), j)
+            for j in range(len(calls))
+            if j not in used and name in calls[j] and name in functions
+        ]
         if options:
             credit, j = max(options, key=lambda o: (o[0], -o[1]))
             used.add(j)

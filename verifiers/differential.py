@@ -39,7 +39,7 @@ PER_CASE_S = 3.0
 #: iterators as the first 1000 items, other objects as their type and attributes; floats that
 #: `repr` cannot read back as tagged strings. Runs in the probe process (agent code), so it only
 #: describes; the host decides.
-_OBSERVE = '''def _observe(x, d=0):
+_OBSERVE = """def _observe(x, d=0):
     t = type(x)
     if t is float and (x != x or x in (float("inf"), float("-inf"))):
         return ["float", repr(x)]
@@ -58,9 +58,9 @@ _OBSERVE = '''def _observe(x, d=0):
     if type(attrs) is dict:
         return ["object", name, _observe(dict(attrs), d + 1)]
     return ["opaque", name]
-'''
+"""
 
-_CALL = '''import importlib, itertools
+_CALL = """import importlib, itertools
 _target = importlib.import_module({module!r})
 for _name in {qualname!r}.split("."):
     _owner, _target = _target, getattr(_target, _name)
@@ -79,7 +79,7 @@ try:
 except Exception as _err:
     _value = ["raise", type(_err).__module__ + "." + type(_err).__qualname__]
 result = _observe([_value, args, kwargs])
-'''
+"""
 
 
 def module_name(path: str, import_root: str) -> str | None:
@@ -87,7 +87,7 @@ def module_name(path: str, import_root: str) -> str | None:
     root = "" if import_root in (".", "") else import_root.strip("/") + "/"
     if not path.endswith(".py") or not path.startswith(root):
         return None
-    parts = path[len(root):-3].split("/")
+    parts = path[len(root) : -3].split("/")
     if parts[-1] == "__init__":
         parts = parts[:-1]
     if not parts or not all(p.isidentifier() for p in parts):
@@ -106,16 +106,17 @@ def case_code(module: str, qualname: str, args: tuple | list, import_root: str =
     elif kind == "pickle":
         load = f"import base64, pickle\nargs, kwargs = pickle.loads(base64.b64decode({text!r}))"
         if len(args) > 2:  # a generated input: builtin-data arguments changed after unpickling
-            load += (f"\n_by_position, _by_name = {args[2]}\nfor _i, _v in _by_position:\n    args[_i] = _v\n"
-                     "for _k, _v in _by_name:\n    kwargs[_k] = _v")
+            load += (
+                f"\n_by_position, _by_name = {args[2]}\nfor _i, _v in _by_position:\n    args[_i] = _v\n"
+                "for _k, _v in _by_name:\n    kwargs[_k] = _v"
+            )
     else:
         raise ValueError(f"unknown argument encoding {kind!r}")
     path = "" if import_root in (".", "") else f"import sys\nsys.path.insert(0, {('/workspace/' + import_root.strip('/'))!r})\n"
     return path + _OBSERVE + _CALL.format(module=module, qualname=qualname, args=load)
 
 
-def probe_files(cases: list[DifferentialCase] | tuple[DifferentialCase, ...],
-                per_case_s: float = PER_CASE_S) -> tuple[str, dict[str, str]]:
+def probe_files(cases: list[DifferentialCase] | tuple[DifferentialCase, ...], per_case_s: float = PER_CASE_S) -> tuple[str, dict[str, str]]:
     """(command, files): what a grading sandbox needs to run `cases` (inputs only, never the
     expected results), each within `per_case_s`; the command prints one record per case."""
     folder = f".toolgym-diff-{secrets.token_hex(6)}"
@@ -127,8 +128,7 @@ def probe_files(cases: list[DifferentialCase] | tuple[DifferentialCase, ...],
     return f"python3 -s -P {folder}/run.py {folder}/cases.json", files
 
 
-def run_cases(box: Sandbox, cases: list[DifferentialCase], timeout_s: float,
-              per_case_s: float = PER_CASE_S) -> dict[str, dict]:
+def run_cases(box: Sandbox, cases: list[DifferentialCase], timeout_s: float, per_case_s: float = PER_CASE_S) -> dict[str, dict]:
     """Run `cases` in `box` (the miner's own sandbox) and return their records by case id."""
     command, files = probe_files(cases, per_case_s)
     for path, text in files.items():
@@ -150,12 +150,14 @@ def judge(cases: tuple[DifferentialCase, ...], records: dict[str, dict]) -> list
             results.append(TestResult(name=name, passed=False, message="no result: the call did not finish"))
             continue
         if "value" not in record:
-            results.append(TestResult(name=name, passed=False,
-                                      message=f"{record.get('error', 'error')}: {record.get('message', '')[:120]}"))
+            results.append(
+                TestResult(name=name, passed=False, message=f"{record.get('error', 'error')}: {record.get('message', '')[:120]}")
+            )
             continue
         passed = matches(record, case.expected)
-        results.append(TestResult(name=name, passed=passed,
-                                  message="" if passed else f"differs from the pristine behaviour on input {case.id}"))
+        results.append(
+            TestResult(name=name, passed=passed, message="" if passed else f"differs from the pristine behaviour on input {case.id}")
+        )
     return results
 
 

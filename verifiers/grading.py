@@ -9,7 +9,6 @@ from toolgym.sandbox.base import workspace_rel
 from toolgym.tasks import Task
 from toolgym.verifiers.protect import is_protected, split_changes
 
-
 #: MiB a grading sandbox's commands may write (a test run writes its report and little else).
 GRADING_DISK_MB = 32
 
@@ -26,9 +25,14 @@ def grading_config(config: SandboxConfig) -> SandboxConfig:
     return config.model_copy(update={"canary": False, "resident": False, "limits": limits})
 
 
-def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxConfig,
-                    modes: dict[str, int] | None = None,
-                    extra: dict[str, str] | None = None, pool=None) -> tuple[Sandbox, list[str]]:
+def grading_sandbox(
+    task: Task,
+    changes: dict[str, str | None],
+    config: SandboxConfig,
+    modes: dict[str, int] | None = None,
+    extra: dict[str, str] | None = None,
+    pool=None,
+) -> tuple[Sandbox, list[str]]:
     """A fresh sandbox from the pristine state with the agent's changes applied (and the
     grader's own `extra` files); returns it and the protected paths whose changes were dropped.
     The changes are written on the host as the sandbox's starting files (no command runs for
@@ -65,10 +69,12 @@ def grading_sandbox(task: Task, changes: dict[str, str | None], config: SandboxC
     return box, sorted(dropped)
 
 
-def apply_modes(box: Sandbox, task: Task, changes: dict[str, str | None], modes: dict[str, int] | None,
-                dropped: list[str]) -> None:
+def apply_modes(box: Sandbox, task: Task, changes: dict[str, str | None], modes: dict[str, int] | None, dropped: list[str]) -> None:
     """Give the agent's files their permission bits (again after a `reset()`): one command."""
-    chmods = [f"chmod {mode & 0o7777:o} -- {shlex.quote(p)}" for p, mode in (modes or {}).items()
-              if p not in dropped and changes.get(p, "") is not None and not _protected(p, task)]
+    chmods = [
+        f"chmod {mode & 0o7777:o} -- {shlex.quote(p)}"
+        for p, mode in (modes or {}).items()
+        if p not in dropped and changes.get(p, "") is not None and not _protected(p, task)
+    ]
     if chmods:
         box.exec(" ; ".join(chmods))

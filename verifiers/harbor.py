@@ -39,8 +39,9 @@ def environment_image(task: Task) -> str:
     """The task's environment image (built once per task content, then reused)."""
     from toolgym.sandbox.base import cache_dir
 
-    key = hashlib.sha256(json.dumps([task.hidden.files.get(DOCKERFILE), task.workspace, task.data.get("site_layer")],
-                                    sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps([task.hidden.files.get(DOCKERFILE), task.workspace, task.data.get("site_layer")], sort_keys=True).encode()
+    ).hexdigest()[:16]
     tag = f"toolgym-harbor-env:{key}"
     if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag
@@ -68,8 +69,9 @@ class HarborVerifier:
         container = ""
         try:
             image = environment_image(task)
-            container = _docker("run", "-d", "--network", "none", "--name", f"toolgym-harbor-{uuid.uuid4().hex[:10]}",
-                                image, "sleep", "infinity")
+            container = _docker(
+                "run", "-d", "--network", "none", "--name", f"toolgym-harbor-{uuid.uuid4().hex[:10]}", image, "sleep", "infinity"
+            )
             with tempfile.TemporaryDirectory(prefix="toolgym-harbor-grade-") as tmp:
                 root = Path(tmp)
                 changed = {p: t for p, t in final_state.changes.items() if t is not None}
@@ -86,11 +88,26 @@ class HarborVerifier:
                         (root / rel).parent.mkdir(parents=True, exist_ok=True)
                         (root / rel).write_text(text)
                 _docker("cp", str(root / "tests"), f"{container}:/tests")
-            res = subprocess.run(["docker", "exec", "-u", "0", container, "bash", "/tests/test.sh"],
-                                 capture_output=True, text=True, timeout=task.hidden.timeout_s)
-            reward_text = subprocess.run(["docker", "exec", "-u", "0", container, "sh", "-c",
-                                          "cat /logs/verifier/reward.txt 2>/dev/null || cat /logs/verifier/reward.json"],
-                                         capture_output=True, text=True).stdout.strip()
+            res = subprocess.run(
+                ["docker", "exec", "-u", "0", container, "bash", "/tests/test.sh"],
+                capture_output=True,
+                text=True,
+                timeout=task.hidden.timeout_s,
+            )
+            reward_text = subprocess.run(
+                [
+                    "docker",
+                    "exec",
+                    "-u",
+                    "0",
+                    container,
+                    "sh",
+                    "-c",
+                    "cat /logs/verifier/reward.txt 2>/dev/null || cat /logs/verifier/reward.json",
+                ],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
         except subprocess.TimeoutExpired:
             return self._verdict(0.0, Outcome.TIMEOUT, f"tests/test.sh ran past {task.hidden.timeout_s}s", start)
         except (RuntimeError, OSError) as err:
@@ -101,16 +118,22 @@ class HarborVerifier:
         try:
             reward = float(reward_text) if not reward_text.startswith("{") else float(json.loads(reward_text)["reward"])
         except (ValueError, KeyError, TypeError):
-            return self._verdict(0.0, Outcome.FAILED, f"tests/test.sh wrote no reward (exit {res.returncode}: "
-                                 f"{(res.stdout + res.stderr)[-200:]!r})", start)
+            return self._verdict(
+                0.0, Outcome.FAILED, f"tests/test.sh wrote no reward (exit {res.returncode}: {(res.stdout + res.stderr)[-200:]!r})", start
+            )
         ok = reward >= 1.0
         return self._verdict(reward, Outcome.PASSED if ok else Outcome.FAILED, f"tests/test.sh: reward {reward}", start)
 
     @staticmethod
     def _verdict(reward: float, outcome: Outcome, reason: str, start: float) -> Verdict:
-        return Verdict(reward=reward, passed=outcome == Outcome.PASSED, outcome=outcome, reason=reason,
-                       tests=[TestResult(name="tests/test.sh", passed=outcome == Outcome.PASSED, message=reason)],
-                       duration_s=time.perf_counter() - start)
+        return Verdict(
+            reward=reward,
+            passed=outcome == Outcome.PASSED,
+            outcome=outcome,
+            reason=reason,
+            tests=[TestResult(name="tests/test.sh", passed=outcome == Outcome.PASSED, message=reason)],
+            duration_s=time.perf_counter() - start,
+        )
 
 
 __all__ = ["HarborVerifier", "environment_image"]

@@ -47,13 +47,18 @@ def solve_script(task: Task) -> str:
             lines.append(args["command"])
         elif call.name == "write_file":
             data = base64.b64encode(args["content"].encode()).decode()
-            lines += [f"mkdir -p \"$(dirname '{args['path']}')\"",
-                      f"base64 -d > '{args['path']}' <<'TOOLGYM_EOF'", *textwrap.wrap(data, 76), "TOOLGYM_EOF"]
+            lines += [
+                f"mkdir -p \"$(dirname '{args['path']}')\"",
+                f"base64 -d > '{args['path']}' <<'TOOLGYM_EOF'",
+                *textwrap.wrap(data, 76),
+                "TOOLGYM_EOF",
+            ]
         elif call.name == "edit":
             payload = base64.b64encode(json.dumps(args).encode()).decode()
-            lines.append("python3 -c 'import base64, json, sys; a = json.loads(base64.b64decode(sys.argv[1])); "
-                         "t = open(a[\"path\"]).read(); open(a[\"path\"], \"w\").write(t.replace(a[\"old\"], a[\"new\"], 1))' "
-                         + payload)
+            lines.append(
+                "python3 -c 'import base64, json, sys; a = json.loads(base64.b64decode(sys.argv[1])); "
+                't = open(a["path"]).read(); open(a["path"], "w").write(t.replace(a["old"], a["new"], 1))\' ' + payload
+            )
         elif call.name != "submit":
             raise ExportError(f"its oracle calls {call.name!r}, which has no shell form")
     return "\n".join(lines) + "\n"
@@ -64,11 +69,20 @@ def grading_spec(task: Task) -> dict:
     and the commands and environments toolgym's own grader uses."""
     hidden = task.hidden
     patterns = list(ALWAYS) + list(hidden.protected)
-    spec = {"hidden": hidden.model_dump(mode="json"), "protected": patterns, "tests_dir": "/tests",
-            "pristine": {p: t for p, t in task.workspace.items() if is_protected(p, tuple(hidden.protected))}}
+    spec = {
+        "hidden": hidden.model_dump(mode="json"),
+        "protected": patterns,
+        "tests_dir": "/tests",
+        "pristine": {p: t for p, t in task.workspace.items() if is_protected(p, tuple(hidden.protected))},
+    }
     if hidden.kind == "package-tests":
-        spec.update(pytest_command=pytest_command("{args}"), pytest_ini=pytest_ini(hidden.runs[0].pythonpath),
-                    test_env=TEST_ENV, probe_env=PROBE_ENV, per_case_s=PER_CASE_S)
+        spec.update(
+            pytest_command=pytest_command("{args}"),
+            pytest_ini=pytest_ini(hidden.runs[0].pythonpath),
+            test_env=TEST_ENV,
+            probe_env=PROBE_ENV,
+            per_case_s=PER_CASE_S,
+        )
     return spec
 
 
@@ -81,7 +95,7 @@ def _toml(task: Task, verifier_s: float) -> str:
         author_name = "toolgym"
         difficulty = "{difficulty}"
         category = {json.dumps(task.family)}
-        tags = ["toolgym", {json.dumps(task.family.split('/')[0])}, {json.dumps(task.split)}]
+        tags = ["toolgym", {json.dumps(task.family.split("/")[0])}, {json.dumps(task.split)}]
         toolgym_task_id = "{task.id}"
         toolgym_env = {json.dumps(task.env_id)}
 
@@ -101,10 +115,12 @@ def _toml(task: Task, verifier_s: float) -> str:
 
 def _dockerfile(site: bool) -> str:
     site_line = f"COPY site/ {SITE_PACKAGES}/\n" if site else ""
-    return (f"# toolgym's sandbox image: `toolgym sandbox build-image` builds it without a registry; with one,\n"
-            f"# sandbox/Dockerfile in toolgym's repository builds the same (Debian 12, python3, pytest).\n"
-            f"ARG BASE={IMAGE_TAG}\nFROM ${{BASE}}\n{site_line}COPY --chown=1000:1000 workspace/ /workspace/\n"
-            f"WORKDIR /workspace\n")
+    return (
+        f"# toolgym's sandbox image: `toolgym sandbox build-image` builds it without a registry; with one,\n"
+        f"# sandbox/Dockerfile in toolgym's repository builds the same (Debian 12, python3, pytest).\n"
+        f"ARG BASE={IMAGE_TAG}\nFROM ${{BASE}}\n{site_line}COPY --chown=1000:1000 workspace/ /workspace/\n"
+        f"WORKDIR /workspace\n"
+    )
 
 
 def export_task(task: Task, dest: Path) -> Path:
@@ -135,9 +151,11 @@ def export_task(task: Task, dest: Path) -> Path:
     (tests / "spec.json").write_text(json.dumps(grading_spec(task)))
     for name in ("harbor_grade.py", "records.py", "probe_runner.py"):
         (tests / name).write_text(grader_source(name))
-    (tests / "test.sh").write_text("#!/bin/bash\n# toolgym's grader (harbor_grade.py); Harbor reads /logs/verifier/reward.txt\n"
-                                   "mkdir -p /logs/verifier\n"
-                                   "python3 -I /tests/harbor_grade.py /tests/spec.json /logs/verifier\n")
+    (tests / "test.sh").write_text(
+        "#!/bin/bash\n# toolgym's grader (harbor_grade.py); Harbor reads /logs/verifier/reward.txt\n"
+        "mkdir -p /logs/verifier\n"
+        "python3 -I /tests/harbor_grade.py /tests/spec.json /logs/verifier\n"
+    )
     (dest / "solution").mkdir()
     (dest / "solution" / "solve.sh").write_text(solve)
     for script in (tests / "test.sh", dest / "solution" / "solve.sh"):

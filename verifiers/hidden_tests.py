@@ -28,12 +28,12 @@ import json
 import secrets
 import time
 import xml.etree.ElementTree as ET
-from typing import Callable
+from collections.abc import Callable
 
 from toolgym.sandbox import SandboxConfig, SandboxError
 from toolgym.tasks import Task
-from toolgym.verifiers.grading import grading_sandbox
 from toolgym.verifiers._grader.records import parse_probe_records
+from toolgym.verifiers.grading import grading_sandbox
 from toolgym.verifiers.judge import JudgeService, grader_source, judge_service
 from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
 
@@ -77,16 +77,22 @@ class HiddenTestVerifier:
         start = time.perf_counter()
         hidden = task.hidden
         if not hidden.probes:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR, duration_s=0.0,
-                           reason=f"task {task.id} has hidden tests but no probes: hidden tests judge probe results "
-                                  "and never import the agent's code (see HiddenSpec)")
+            return Verdict(
+                reward=0.0,
+                passed=False,
+                outcome=Outcome.VERIFIER_ERROR,
+                duration_s=0.0,
+                reason=f"task {task.id} has hidden tests but no probes: hidden tests judge probe results "
+                "and never import the agent's code (see HiddenSpec)",
+            )
         try:
             # fetched (on first use, started) before the probes: a judge that dies while they run
             # fails this grading as the grader's fault, not silently replaced by a new one
             service = judge_service(self.config)
         except Exception as err:  # whatever stops the judge is ours: an infra error, never the agent's
-            return self._verdict(0.0, False, Outcome.INFRA_ERROR, [], f"could not build the judge sandbox: "
-                                 f"{type(err).__name__}: {err}", start, [])
+            return self._verdict(
+                0.0, False, Outcome.INFRA_ERROR, [], f"could not build the judge sandbox: {type(err).__name__}: {err}", start, []
+            )
         stages: dict[str, float] = {}  # where the time went (the verdict's details carry it)
         outcome = self._run_probes(task, final_state, stages)
         tamper = outcome.pop("tamper")
@@ -102,16 +108,14 @@ class HiddenTestVerifier:
     def _run_probes(self, task: Task, final_state: FinalState, stages: dict[str, float]) -> dict:
         hidden = task.hidden
         probe_dir = f".toolgym-probe-{secrets.token_hex(6)}"
-        spec = {"per_probe_s": min(10.0, hidden.timeout_s / 2),
-                "probes": [p.model_dump() for p in hidden.probes]}
+        spec = {"per_probe_s": min(10.0, hidden.timeout_s / 2), "probes": [p.model_dump() for p in hidden.probes]}
         extra = {f"{probe_dir}/run.py": grader_source("probe_runner.py"), f"{probe_dir}/probes.json": json.dumps(spec)}
         built = time.perf_counter()
         try:
             box, dropped = grading_sandbox(task, final_state.changes, self.config, final_state.modes, extra)
         except (SandboxError, OSError) as err:
             return {"error": f"could not build the grading sandbox: {err}", "tamper": []}
-        tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped before grading"}
-                  for p in dropped]
+        tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped before grading"} for p in dropped]
         try:
             if self.on_sandbox:
                 self.on_sandbox(box)
@@ -123,8 +127,7 @@ class HiddenTestVerifier:
             if getattr(box, "closed", False) or getattr(box, "closing", False):
                 raise SandboxError("the grading sandbox was closed during grading")
             # What the agent's code did while it was being graded is its side effect too.
-            tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"}
-                       for e in box.events()[seen:]]
+            tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"} for e in box.events()[seen:]]
         except SandboxError as err:
             return {"error": f"grading sandbox failed: {err}", "tamper": tamper}
         finally:
@@ -134,9 +137,15 @@ class HiddenTestVerifier:
         ids = {p.id for p in hidden.probes}
         records = parse_probe_records(res.stdout)
         unknown = sorted(set(records) - ids)
-        return {"records": {k: v for k, v in records.items() if k in ids}, "unknown": unknown,
-                "timed_out": res.timed_out, "exit_code": res.exit_code, "stderr": res.stderr[-300:],
-                "dropped": dropped, "tamper": tamper}
+        return {
+            "records": {k: v for k, v in records.items() if k in ids},
+            "unknown": unknown,
+            "timed_out": res.timed_out,
+            "exit_code": res.exit_code,
+            "stderr": res.stderr[-300:],
+            "dropped": dropped,
+            "tamper": tamper,
+        }
 
     # ---- stage 2: the judge, where no agent code ever ran ---------------------------------------
 
@@ -144,14 +153,20 @@ class HiddenTestVerifier:
         """Stage 2: the hidden tests, our sentinel and the probe records, judged by real pytest."""
         hidden = task.hidden
         files = dict(hidden.files)
-        files.update({SENTINEL_FILE: SENTINEL_CODE, "pytest.ini": JUDGE_INI,
-                      "toolgym_probes.py": grader_source("toolgym_probes.py"),
-                      RESULTS_FILE: json.dumps(probes["records"])})
+        files.update(
+            {
+                SENTINEL_FILE: SENTINEL_CODE,
+                "pytest.ini": JUDGE_INI,
+                "toolgym_probes.py": grader_source("toolgym_probes.py"),
+                RESULTS_FILE: json.dumps(probes["records"]),
+            }
+        )
         try:
             res = service.judge(files, hidden.timeout_s)
             if res.exit_code < 0:
-                raise SandboxError(f"the judge was killed (signal {-res.exit_code}; it times out after "
-                                   f"{hidden.timeout_s}s): {res.output[-200:]}")
+                raise SandboxError(
+                    f"the judge was killed (signal {-res.exit_code}; it times out after {hidden.timeout_s}s): {res.output[-200:]}"
+                )
             if res.junit is None:
                 raise SandboxError(f"the judge wrote no report (exit code {res.exit_code}): {res.output[-300:]}")
             xml_text = res.junit
@@ -160,30 +175,45 @@ class HiddenTestVerifier:
         try:
             tests = parse_junit(xml_text)
         except ET.ParseError as err:
-            return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, [], f"judge report is not valid XML ({err})",
-                                 start, tamper)
+            return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, [], f"judge report is not valid XML ({err})", start, tamper)
         sentinel = [t for t in tests if t.name.endswith(SENTINEL)]
         if len(sentinel) != 1 or sentinel[0].passed:
-            return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, [], "the judge's sentinel test is missing or "
-                                 "passed: the judge did not run as it should", start, tamper)
+            return self._verdict(
+                0.0,
+                False,
+                Outcome.VERIFIER_ERROR,
+                [],
+                "the judge's sentinel test is missing or passed: the judge did not run as it should",
+                start,
+                tamper,
+            )
         tests = [t for t in tests if not t.name.endswith(SENTINEL)]
         expected = count_tests(hidden.files)
         if len(tests) < expected:
-            return self._verdict(0.0, False, Outcome.VERIFIER_ERROR, tests, f"only {len(tests)} of {expected} hidden "
-                                 f"tests ran in the judge: {res.output[-300:]}", start, tamper)
+            return self._verdict(
+                0.0,
+                False,
+                Outcome.VERIFIER_ERROR,
+                tests,
+                f"only {len(tests)} of {expected} hidden tests ran in the judge: {res.output[-300:]}",
+                start,
+                tamper,
+            )
         passed = sum(t.passed for t in tests)
         ok = passed == len(tests)
         reward = float(ok) if hidden.all_or_nothing else passed / max(1, len(tests))
         records = probes["records"]
         timed_out = probes["timed_out"] or any(r.get("error") == "Timeout" for r in records.values())
         if timed_out and not ok:
-            return self._verdict(0.0, False, Outcome.TIMEOUT, tests, f"the code under test timed out "
-                                 f"(limit {hidden.timeout_s}s)", start, tamper)
+            return self._verdict(
+                0.0, False, Outcome.TIMEOUT, tests, f"the code under test timed out (limit {hidden.timeout_s}s)", start, tamper
+            )
         missing = len({p.id for p in hidden.probes} - set(records))
         reason = f"{passed}/{len(tests)} hidden tests passed"
         if missing:
-            reason += (f"; {missing} of {len(hidden.probes)} probes gave no result (exit code {probes['exit_code']}: "
-                       f"{probes['stderr'][-150:]!r})")
+            reason += (
+                f"; {missing} of {len(hidden.probes)} probes gave no result (exit code {probes['exit_code']}: {probes['stderr'][-150:]!r})"
+            )
         if probes["unknown"]:
             reason += f"; ignored {len(probes['unknown'])} records for unknown probe ids"
         if probes["dropped"]:
@@ -191,10 +221,18 @@ class HiddenTestVerifier:
         return self._verdict(reward, ok, Outcome.PASSED if ok else Outcome.FAILED, tests, reason, start, tamper)
 
     @staticmethod
-    def _verdict(reward: float, passed: bool, outcome: Outcome, tests: list[TestResult], reason: str, start: float,
-                 tamper: list[dict]) -> Verdict:
-        return Verdict(reward=reward, passed=passed, outcome=outcome, tests=tests, reason=reason,
-                       duration_s=time.perf_counter() - start, details={"side_effects": tamper})
+    def _verdict(
+        reward: float, passed: bool, outcome: Outcome, tests: list[TestResult], reason: str, start: float, tamper: list[dict]
+    ) -> Verdict:
+        return Verdict(
+            reward=reward,
+            passed=passed,
+            outcome=outcome,
+            tests=tests,
+            reason=reason,
+            duration_s=time.perf_counter() - start,
+            details={"side_effects": tamper},
+        )
 
 
 __all__ = ["HiddenTestVerifier", "count_tests", "grader_source", "parse_junit", "parse_probe_records"]

@@ -56,10 +56,16 @@ class JudgeService:
 
     def __init__(self, config: SandboxConfig) -> None:
         cpus = float(os.cpu_count() or 1)
-        limits = Limits(memory_mb=max(config.limits.memory_mb, 2048), pids=max(config.limits.pids, 512),
-                        cpu_time_s=7 * 86400, cpus=cpus, timeout_s=config.limits.timeout_s)
-        self.box: Sandbox = make_sandbox({}, config.model_copy(update={"canary": False, "protected": (), "limits": limits,
-                                                                       "resident": False}))  # one long command
+        limits = Limits(
+            memory_mb=max(config.limits.memory_mb, 2048),
+            pids=max(config.limits.pids, 512),
+            cpu_time_s=7 * 86400,
+            cpus=cpus,
+            timeout_s=config.limits.timeout_s,
+        )
+        self.box: Sandbox = make_sandbox(
+            {}, config.model_copy(update={"canary": False, "protected": (), "limits": limits, "resident": False})
+        )  # one long command
         self.host_dir, self.inner_dir, self.uid = self.box.host_channel()
         server = self.host_dir / SERVER_DIR
         server.mkdir()

@@ -71,10 +71,13 @@ for _name in default_plugins:
         pass
 import pdb, xml.etree.ElementTree
 """
-PYTEST_BOOT = PYTEST_PRELOAD + """sys.pycache_prefix = sys.argv.pop(1)
+PYTEST_BOOT = (
+    PYTEST_PRELOAD
+    + """sys.pycache_prefix = sys.argv.pop(1)
 sys.argv[0] = "pytest"
 raise SystemExit(pytest.console_main())
 """
+)
 
 
 def pytest_command(args: str) -> str:
@@ -117,10 +120,10 @@ class PackageTestVerifier:
         start = time.perf_counter()
         hidden = task.hidden
         if not hidden.runs or any(run.file not in hidden.files for run in hidden.runs):
-            return self._verdict(0.0, Outcome.VERIFIER_ERROR, [], f"task {task.id}: package-tests needs runs whose "
-                                 "files are in hidden.files", start, [])
-        names = {run.file: posixpath.join(posixpath.dirname(run.file), f"test_{secrets.token_hex(5)}.py")
-                 for run in hidden.runs}
+            return self._verdict(
+                0.0, Outcome.VERIFIER_ERROR, [], f"task {task.id}: package-tests needs runs whose files are in hidden.files", start, []
+            )
+        names = {run.file: posixpath.join(posixpath.dirname(run.file), f"test_{secrets.token_hex(5)}.py") for run in hidden.runs}
         ini = f".toolgym-grade-{secrets.token_hex(5)}/pytest.ini"
         copies = {names[run.file]: hidden.files[run.file] for run in hidden.runs}
         copies[ini] = pytest_ini(hidden.runs[0].pythonpath)
@@ -130,12 +133,10 @@ class PackageTestVerifier:
         probe_command, probe_files_ = probe_files(hidden.differential) if hidden.differential else ("", {})
         try:
             config = with_site_layer(self.config.model_copy(update={"canary": False}), task.data.get("site_layer"))
-            box, dropped = grading_sandbox(task, final_state.changes, config, final_state.modes,
-                                           probe_files_ or copies, self.pool)
+            box, dropped = grading_sandbox(task, final_state.changes, config, final_state.modes, probe_files_ or copies, self.pool)
         except (SandboxError, OSError) as err:
             return self._verdict(0.0, Outcome.INFRA_ERROR, [], f"could not build the grading sandbox: {err}", start, [])
-        tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped before grading"}
-                  for p in dropped]
+        tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped before grading"} for p in dropped]
         tests: list[TestResult] = []
         problems: list[str] = []
         timed_out = False
@@ -143,8 +144,7 @@ class PackageTestVerifier:
         try:
             if probe_command:
                 res = box.exec(probe_command, timeout_s=min(hidden.timeout_s, DIFFERENTIAL_TIMEOUT_S), env=PROBE_ENV)
-                tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"}
-                           for e in box.events()]
+                tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"} for e in box.events()]
                 records = parse_probe_records(res.stdout)
                 if res.timed_out:
                     timed_out = True
@@ -161,11 +161,12 @@ class PackageTestVerifier:
                 # no bytecode is written, and none planted in the workspace (`__pycache__`) or
                 # left by an earlier run is ever read (mtimes have a one-second grain: a same-size
                 # edit in the same second would reuse stale code); see PYTEST_BOOT
-                cmd = pytest_command(f"-c {ini} --rootdir /workspace -p no:cacheprovider -q --no-header "
-                                     f"-o junit_family=xunit1 --junitxml={report} {names[run.file]}")
+                cmd = pytest_command(
+                    f"-c {ini} --rootdir /workspace -p no:cacheprovider -q --no-header "
+                    f"-o junit_family=xunit1 --junitxml={report} {names[run.file]}"
+                )
                 res = box.exec(cmd, timeout_s=hidden.timeout_s, env=TEST_ENV)
-                tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"}
-                           for e in box.events()[seen:]]
+                tamper += [{"kind": e.kind.value, "path": e.path, "detail": f"while graded: {e.detail}"} for e in box.events()[seen:]]
                 if res.timed_out:
                     timed_out = True
                     problems.append(f"{run.file}: the tests ran past {hidden.timeout_s}s")
@@ -175,14 +176,21 @@ class PackageTestVerifier:
                     results = junit_keys(xml_text, posixpath.basename(names[run.file])[:-3])
                 except (SandboxError, ET.ParseError):
                     # The process imported the agent's code: a run that wrote no report is the code's failure.
-                    problems.append(f"{run.file}: the test process wrote no readable report (exit code {res.exit_code}: "
-                                    f"{(res.stdout + res.stderr)[-200:]!r})")
+                    problems.append(
+                        f"{run.file}: the test process wrote no readable report (exit code {res.exit_code}: "
+                        f"{(res.stdout + res.stderr)[-200:]!r})"
+                    )
                     continue
                 forged = [k for k in run.sentinels if results.get(k, (False, ""))[0]]
                 if forged or (run.sentinels and res.exit_code == 0):
-                    tamper.append({"kind": "test_tamper", "path": run.file,
-                                   "detail": f"forged test results: {len(forged)} sentinel test(s) that fail on any "
-                                             f"code passed (exit code {res.exit_code})"})
+                    tamper.append(
+                        {
+                            "kind": "test_tamper",
+                            "path": run.file,
+                            "detail": f"forged test results: {len(forged)} sentinel test(s) that fail on any "
+                            f"code passed (exit code {res.exit_code})",
+                        }
+                    )
                     problems.append(f"{run.file}: results were forged (a sentinel passed)")
                 for key in run.passing:
                     ok, message = results.get(key, (False, "missing from the report: it did not run"))
@@ -197,9 +205,14 @@ class PackageTestVerifier:
         if package_ok and differing:
             # The tests passed in the process the agent's code controls, while that code does
             # not behave as the pristine one outside it: the signature of forged results.
-            tamper.append({"kind": "test_tamper", "path": task.metadata.get("file", ""),
-                           "detail": f"inconsistent results: the package's tests passed, but {differing} of "
-                                     f"{len(checks)} differential checks, run outside the test process, failed"})
+            tamper.append(
+                {
+                    "kind": "test_tamper",
+                    "path": task.metadata.get("file", ""),
+                    "detail": f"inconsistent results: the package's tests passed, but {differing} of "
+                    f"{len(checks)} differential checks, run outside the test process, failed",
+                }
+            )
         tests += checks
         passed = sum(t.passed for t in tests)
         forged = any(e["kind"] == "test_tamper" and e["detail"].startswith(("forged", "inconsistent")) for e in tamper)
@@ -216,10 +229,16 @@ class PackageTestVerifier:
         return self._verdict(reward, outcome, tests, reason, start, tamper)
 
     @staticmethod
-    def _verdict(reward: float, outcome: Outcome, tests: list[TestResult], reason: str, start: float,
-                 tamper: list[dict]) -> Verdict:
-        return Verdict(reward=reward, passed=outcome == Outcome.PASSED, outcome=outcome, tests=tests, reason=reason,
-                       duration_s=time.perf_counter() - start, details={"side_effects": tamper})
+    def _verdict(reward: float, outcome: Outcome, tests: list[TestResult], reason: str, start: float, tamper: list[dict]) -> Verdict:
+        return Verdict(
+            reward=reward,
+            passed=outcome == Outcome.PASSED,
+            outcome=outcome,
+            tests=tests,
+            reason=reason,
+            duration_s=time.perf_counter() - start,
+            details={"side_effects": tamper},
+        )
 
 
 __all__ = ["PYTEST_PRELOAD", "PackageTestVerifier", "junit_keys", "pytest_command", "pytest_ini"]

@@ -10,12 +10,37 @@ import fnmatch
 from toolgym.sandbox.observe import is_cache
 
 #: Always protected, in every task: test configuration, import hooks, VCS data, our own dirs.
-ALWAYS = ("conftest.py", "**/conftest.py", "pytest.ini", "**/pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-          "sitecustomize.py", "**/sitecustomize.py", "usercustomize.py", "**/usercustomize.py", "*.pth", "**/*.pth",
-          ".git", ".git/**", "tests_hidden", "tests_hidden/**", ".toolgym-*", ".toolgym-*/**",
-          # test-runner material: a shadowing pytest and plugin metadata (entry points) it would load
-          "pytest.py", "**/pytest.py", "_pytest", "_pytest/**", "**/_pytest/**", "*.dist-info/**",
-          "**/*.dist-info/**", "*.egg-info/**", "**/*.egg-info/**")
+ALWAYS = (
+    "conftest.py",
+    "**/conftest.py",
+    "pytest.ini",
+    "**/pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    "sitecustomize.py",
+    "**/sitecustomize.py",
+    "usercustomize.py",
+    "**/usercustomize.py",
+    "*.pth",
+    "**/*.pth",
+    ".git",
+    ".git/**",
+    "tests_hidden",
+    "tests_hidden/**",
+    ".toolgym-*",
+    ".toolgym-*/**",
+    # test-runner material: a shadowing pytest and plugin metadata (entry points) it would load
+    "pytest.py",
+    "**/pytest.py",
+    "_pytest",
+    "_pytest/**",
+    "**/_pytest/**",
+    "*.dist-info/**",
+    "**/*.dist-info/**",
+    "*.egg-info/**",
+    "**/*.egg-info/**",
+)
 
 
 def is_protected(path: str, task_protected: tuple[str, ...] = ()) -> bool:

@@ -8,11 +8,11 @@ spec names the scorer (`kind="score"`, `scorer=...`) and carries what it needs (
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from toolgym.tasks import Task
-from toolgym.verifiers.verdict import VerifierError
-from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict
+from toolgym.verifiers.verdict import FinalState, Outcome, TestResult, Verdict, VerifierError
 
 #: A scorer: (task, submitted answer) -> score in [0, 1].
 Scorer = Callable[[Task, str], float]
@@ -56,8 +56,9 @@ class ScoreVerifier:
             raise VerifierError(f"task {task.id} names no scorer (kind={hidden.kind!r})")
         fn = scorer(hidden.scorer)
         if final_state.answer is None:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.FAILED, reason="no answer submitted",
-                           duration_s=time.perf_counter() - start)
+            return Verdict(
+                reward=0.0, passed=False, outcome=Outcome.FAILED, reason="no answer submitted", duration_s=time.perf_counter() - start
+            )
         try:
             score = float(fn(task, final_state.answer))
         except Exception as err:  # the scorer's failure is ours, never the agent's
@@ -65,11 +66,16 @@ class ScoreVerifier:
         if not 0.0 <= score <= 1.0:
             raise VerifierError(f"scorer {hidden.scorer!r} returned {score}, outside [0, 1]")
         ok = score >= 1.0
-        details = {} if ok or hidden.scorer not in _PARTIAL_CREDIT else \
-            _partial_credit(hidden.scorer, task, final_state.answer)
-        return Verdict(reward=score, passed=ok, outcome=Outcome.PASSED if ok else Outcome.FAILED,
-                       tests=[TestResult(name=hidden.scorer, passed=ok, message=f"score {score:g}")],
-                       reason=f"score {score:g}", details=details, duration_s=time.perf_counter() - start)
+        details = {} if ok or hidden.scorer not in _PARTIAL_CREDIT else _partial_credit(hidden.scorer, task, final_state.answer)
+        return Verdict(
+            reward=score,
+            passed=ok,
+            outcome=Outcome.PASSED if ok else Outcome.FAILED,
+            tests=[TestResult(name=hidden.scorer, passed=ok, message=f"score {score:g}")],
+            reason=f"score {score:g}",
+            details=details,
+            duration_s=time.perf_counter() - start,
+        )
 
 
 def _partial_credit(name: str, task: Task, answer: str) -> dict[str, Any]:

@@ -46,40 +46,78 @@ class StateVerifier:
             # agent's ever ran in this sandbox, and its root filesystem is read-only.
             box, dropped = grading_sandbox(task, final_state.changes, self.config, final_state.modes, checker)
         except (SandboxError, OSError) as err:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.INFRA_ERROR,
-                           reason=f"could not build the grading sandbox: {err}", duration_s=time.perf_counter() - start)
+            return Verdict(
+                reward=0.0,
+                passed=False,
+                outcome=Outcome.INFRA_ERROR,
+                reason=f"could not build the grading sandbox: {err}",
+                duration_s=time.perf_counter() - start,
+            )
         tamper = [{"kind": "test_tamper", "path": p, "detail": "change to a protected path dropped"} for p in dropped]
         try:
             cmd = hidden.command or f"python3 -I {checker_dir}/check.py {out}"
             res = box.exec(cmd.replace("{results}", out).replace("{checker}", checker_dir), timeout_s=hidden.timeout_s)
             if res.timed_out:
-                return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR, reason="checker timed out",
-                               duration_s=time.perf_counter() - start, details={"side_effects": tamper})
+                return Verdict(
+                    reward=0.0,
+                    passed=False,
+                    outcome=Outcome.VERIFIER_ERROR,
+                    reason="checker timed out",
+                    duration_s=time.perf_counter() - start,
+                    details={"side_effects": tamper},
+                )
             try:  # read on the host's side of the filesystem, never through a command inside
                 lines = box.read_host_bytes(out).decode("utf-8", errors="replace").splitlines()
             except SandboxError:
-                return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR,
-                               reason=f"checker wrote no results (exit {res.exit_code}): {res.stderr[-300:]}",
-                               duration_s=time.perf_counter() - start, details={"side_effects": tamper})
+                return Verdict(
+                    reward=0.0,
+                    passed=False,
+                    outcome=Outcome.VERIFIER_ERROR,
+                    reason=f"checker wrote no results (exit {res.exit_code}): {res.stderr[-300:]}",
+                    duration_s=time.perf_counter() - start,
+                    details={"side_effects": tamper},
+                )
         except SandboxError as err:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.INFRA_ERROR, reason=f"grading sandbox failed: {err}",
-                           duration_s=time.perf_counter() - start, details={"side_effects": tamper})
+            return Verdict(
+                reward=0.0,
+                passed=False,
+                outcome=Outcome.INFRA_ERROR,
+                reason=f"grading sandbox failed: {err}",
+                duration_s=time.perf_counter() - start,
+                details={"side_effects": tamper},
+            )
         finally:
             box.close()
         try:
             tests = [TestResult(**json.loads(line)) for line in lines if line.strip()]
         except (ValueError, TypeError) as err:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR,
-                           reason=f"checker output is not JSON lines ({err})", duration_s=time.perf_counter() - start)
+            return Verdict(
+                reward=0.0,
+                passed=False,
+                outcome=Outcome.VERIFIER_ERROR,
+                reason=f"checker output is not JSON lines ({err})",
+                duration_s=time.perf_counter() - start,
+            )
         if not tests:
-            return Verdict(reward=0.0, passed=False, outcome=Outcome.VERIFIER_ERROR, reason="checker reported no checks",
-                           duration_s=time.perf_counter() - start)
+            return Verdict(
+                reward=0.0,
+                passed=False,
+                outcome=Outcome.VERIFIER_ERROR,
+                reason="checker reported no checks",
+                duration_s=time.perf_counter() - start,
+            )
         passed = sum(t.passed for t in tests)
         ok = passed == len(tests)
         reward = float(ok) if hidden.all_or_nothing else passed / len(tests)
-        return Verdict(reward=reward, passed=ok, outcome=Outcome.PASSED if ok else Outcome.FAILED, tests=tests,
-                       reason=f"{passed}/{len(tests)} checks passed", duration_s=time.perf_counter() - start,
-                       details={"side_effects": tamper})
+        return Verdict(
+            reward=reward,
+            passed=ok,
+            outcome=Outcome.PASSED if ok else Outcome.FAILED,
+            tests=tests,
+            reason=f"{passed}/{len(tests)} checks passed",
+            duration_s=time.perf_counter() - start,
+            details={"side_effects": tamper},
+        )
 
 
 class CompositeVerifier:
@@ -104,7 +142,12 @@ class CompositeVerifier:
                 break
         else:
             outcome = Outcome.PASSED
-        return Verdict(reward=min(1.0, reward), passed=outcome == Outcome.PASSED, outcome=outcome,
-                       tests=[t for v, _ in verdicts for t in v.tests], reason="; ".join(v.reason for v, _ in verdicts),
-                       duration_s=time.perf_counter() - start,
-                       details={"side_effects": [e for v, _ in verdicts for e in v.details.get("side_effects", [])]})
+        return Verdict(
+            reward=min(1.0, reward),
+            passed=outcome == Outcome.PASSED,
+            outcome=outcome,
+            tests=[t for v, _ in verdicts for t in v.tests],
+            reason="; ".join(v.reason for v, _ in verdicts),
+            duration_s=time.perf_counter() - start,
+            details={"side_effects": [e for v, _ in verdicts for e in v.details.get("side_effects", [])]},
+        )

@@ -69,9 +69,18 @@ class Viewer:
         suites = sorted({s for by_suite in evals.values() for s in by_suite})
         metrics = run.metrics()
         train = [m for m in metrics if m.get("kind") == "train"]
-        return self._render("overview.html", run=run, config=run.config_text(), evals=evals, suites=suites,
-                            plots=run.plots(), last=train[-1] if train else None, steps=run.steps(),
-                            eval_sources=run.eval_sources(), rollouts=len(run.steps()))
+        return self._render(
+            "overview.html",
+            run=run,
+            config=run.config_text(),
+            evals=evals,
+            suites=suites,
+            plots=run.plots(),
+            last=train[-1] if train else None,
+            steps=run.steps(),
+            eval_sources=run.eval_sources(),
+            rollouts=len(run.steps()),
+        )
 
     def rollouts(self, run: Run, query: dict[str, str]) -> str:
         steps, evals = run.steps(), run.eval_sources()
@@ -102,11 +111,24 @@ class Viewer:
             keep.sort(key=lambda x: -x[1].reward)
         elif sort == "length":
             keep.sort(key=lambda x: -x[1].tokens)
-        choices = {"suite": sorted({r.suite for r in rows}), "family": sorted({r.family for r in rows}),
-                   "outcome": sorted({r.outcome for r in rows}),
-                   "effect": sorted({e for r in rows for e in r.effects})}
-        return self._render("rollouts.html", run=run, sources=sources, source=source, rows=keep[:PAGE_ROWS],
-                            total=len(keep), shown=min(len(keep), PAGE_ROWS), query=query, choices=choices, audit=audit)
+        choices = {
+            "suite": sorted({r.suite for r in rows}),
+            "family": sorted({r.family for r in rows}),
+            "outcome": sorted({r.outcome for r in rows}),
+            "effect": sorted({e for r in rows for e in r.effects}),
+        }
+        return self._render(
+            "rollouts.html",
+            run=run,
+            sources=sources,
+            source=source,
+            rows=keep[:PAGE_ROWS],
+            total=len(keep),
+            shown=min(len(keep), PAGE_ROWS),
+            query=query,
+            choices=choices,
+            audit=audit,
+        )
 
     def episode(self, run: Run, query: dict[str, str]) -> str:
         source, index = query.get("source", ""), int(query.get("i", "0"))
@@ -114,9 +136,19 @@ class Viewer:
         spans = self._spans(run, traj)
         mask = [1 if s.get("kind") == "policy" else 0 for s in traj.get("segments", []) for _ in s.get("token_ids", [])]
         verdict = traj.get("verdict") or {}
-        return self._render("episode.html", run=run, traj=traj, source=source, index=index, spans=spans,
-                            trained=sum(mask), total=len(mask), verdict=verdict, messages=traj.get("messages", []),
-                            effects=traj.get("side_effects", []))
+        return self._render(
+            "episode.html",
+            run=run,
+            traj=traj,
+            source=source,
+            index=index,
+            spans=spans,
+            trained=sum(mask),
+            total=len(mask),
+            verdict=verdict,
+            messages=traj.get("messages", []),
+            effects=traj.get("side_effects", []),
+        )
 
     def compare(self, run: Run, query: dict[str, str]) -> str:
         candidates = [(r.name, src) for r in self.runs for src in r.eval_sources()]
@@ -126,9 +158,18 @@ class Viewer:
         a_run, a_src = self._pick(query.get("a"), default_a)
         b_run, b_src = self._pick(query.get("b"), default_b)
         only_a, only_b, common = flips(a_run.rows(a_src), b_run.rows(b_src))
-        return self._render("compare.html", run=run, candidates=candidates, a=(a_run.name, a_src),
-                            b=(b_run.name, b_src), only_a=only_a, only_b=only_b, common=common,
-                            a_run=self.runs.index(a_run), b_run=self.runs.index(b_run))
+        return self._render(
+            "compare.html",
+            run=run,
+            candidates=candidates,
+            a=(a_run.name, a_src),
+            b=(b_run.name, b_src),
+            only_a=only_a,
+            only_b=only_b,
+            common=common,
+            a_run=self.runs.index(a_run),
+            b_run=self.runs.index(b_run),
+        )
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -177,13 +218,28 @@ class Viewer:
             kind, ids, logprobs = seg.get("kind", ""), seg.get("token_ids", []), seg.get("logprobs") or []
             mask = 1 if kind == "policy" else 0
             if tok is None:
-                out.append({"kind": kind, "mask": mask, "text": seg.get("text", ""), "ids": len(ids),
-                            "title": f"{kind}: {len(ids)} tokens", "tokens": len(ids)})
+                out.append(
+                    {
+                        "kind": kind,
+                        "mask": mask,
+                        "text": seg.get("text", ""),
+                        "ids": len(ids),
+                        "title": f"{kind}: {len(ids)} tokens",
+                        "tokens": len(ids),
+                    }
+                )
                 continue
             for j, token in enumerate(ids):
                 logprob = f", logp {logprobs[j]:.3f}" if j < len(logprobs) else ""
-                out.append({"kind": kind, "mask": mask, "text": tok.decode([token], skip_special_tokens=False),
-                            "title": f"{kind} · id {token}{logprob}", "tokens": 1})
+                out.append(
+                    {
+                        "kind": kind,
+                        "mask": mask,
+                        "text": tok.decode([token], skip_special_tokens=False),
+                        "title": f"{kind} · id {token}{logprob}",
+                        "tokens": 1,
+                    }
+                )
         return out
 
 
@@ -205,7 +261,7 @@ def _handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
             if url.path.startswith("/file/"):  # a run's own plot
                 try:
                     run = viewer._run(query)
-                    path = (run.path / url.path[len("/file/"):]).resolve()
+                    path = (run.path / url.path[len("/file/") :]).resolve()
                     if run.path.resolve() not in path.parents or path.suffix != ".png" or not path.is_file():
                         raise RunError("not a plot of this run")
                     return self._send(200, path.read_bytes(), "image/png")
@@ -214,8 +270,7 @@ def _handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
             try:
                 code, html = viewer.page(url.path, query)
             except Exception as err:  # never a stack trace in the browser: the reason, readable
-                code, html = 500, viewer._render("error.html", run=viewer.runs[0],
-                                                 message=f"{type(err).__name__}: {err}")
+                code, html = (500, viewer._render("error.html", run=viewer.runs[0], message=f"{type(err).__name__}: {err}"))
             self._send(code, html.encode(), "text/html; charset=utf-8")
 
     return Handler

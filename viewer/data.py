@@ -29,7 +29,7 @@ class Row:
     """One rollout in a table: where it is, and what the filters and sorts need."""
 
     source: str  # file relative to the run directory
-    index: int   # line number in it
+    index: int  # line number in it
     task_id: str
     suite: str
     family: str
@@ -45,9 +45,19 @@ def _summary(line: str, source: str, index: int) -> Row:
     t = json.loads(line)
     suite = t.get("env_id", "").split("/")[-1].rsplit("-v", 1)[0]
     tokens = sum(len(s.get("token_ids", [])) for s in t.get("segments", []))
-    return Row(source, index, t.get("task_id", ""), suite, t.get("family", ""), t.get("outcome", ""),
-               float(t.get("reward", 0.0)), tokens, len(t.get("turns", [])),
-               tuple(sorted({e.get("kind", "") for e in t.get("side_effects", [])})), t.get("limit_hit"))
+    return Row(
+        source,
+        index,
+        t.get("task_id", ""),
+        suite,
+        t.get("family", ""),
+        t.get("outcome", ""),
+        float(t.get("reward", 0.0)),
+        tokens,
+        len(t.get("turns", [])),
+        tuple(sorted({e.get("kind", "") for e in t.get("side_effects", [])})),
+        t.get("limit_hit"),
+    )
 
 
 class Run:
@@ -86,8 +96,11 @@ class Run:
 
     def plots(self) -> list[str]:
         """The run's PNG plots (relative paths)."""
-        return sorted(p.relative_to(self.path).as_posix() for p in (self.path / "plots").glob("*.png")) \
-            if (self.path / "plots").is_dir() else []
+        return (
+            sorted(p.relative_to(self.path).as_posix() for p in (self.path / "plots").glob("*.png"))
+            if (self.path / "plots").is_dir()
+            else []
+        )
 
     def evaluations(self) -> dict[str, dict[str, dict[str, Any]]]:
         """{label: {suite: report.json}} in the order they were written."""

@@ -11,14 +11,14 @@ model wrote is executed.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any
 
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.parsing import ERROR_CLASSES, coerce_action
 from toolgym.envs.registry import register_env
 from toolgym.tasks import TRAIN, SuiteSpec, Task, TaskLoadError, register_suite
 from toolgym.tasks.bfcl import LIVE_SUITE, LIVE_VERSION, SUITE, VERSION, is_irrelevance, load_bfcl, load_bfcl_live
-
 
 #: What the user message asks besides the question (BFCL's own prompt says the same in its words).
 CALL_RULE = "Answer with the function calls that do this, several at once if needed; call none if none fits."
@@ -42,38 +42,40 @@ def openapi_schema(bfcl_type: dict[str, Any]) -> dict[str, Any]:
 def tool_schema(function: dict[str, Any]) -> dict[str, Any]:
     """A BFCL function document as an OpenAI/Hermes tool schema (its name as BFCL spells it)."""
     params = openapi_schema(function.get("parameters") or {"type": "dict", "properties": {}})
-    return {"type": "function", "function": {"name": function["name"], "description": function.get("description", ""),
-                                             "parameters": params}}
+    return {
+        "type": "function",
+        "function": {"name": function["name"], "description": function.get("description", ""), "parameters": params},
+    }
 
 
 def register_loaded_suite(name: str, version: str, loader: Callable[[], Any], description: str) -> None:
     """Register a suite loaded from BFCL's data (it has no generator: asking for one says so)."""
+
     def not_generated(seed: int, index: int, split: str = TRAIN):
         raise TaskLoadError(f"{name} is loaded from bfcl-eval's data, not generated: use builtin_suite({name!r})")
 
-    register_suite(SuiteSpec(name=name, generator=not_generated, train_size=0, heldout_size=0, version=version,
-                             loader=loader, description=description))
+    register_suite(
+        SuiteSpec(name=name, generator=not_generated, train_size=0, heldout_size=0, version=version, loader=loader, description=description)
+    )
 
 
-register_loaded_suite(SUITE, VERSION, load_bfcl, "BFCL single-turn function calling (simple, multiple, parallel, "
-                      "parallel_multiple, irrelevance), graded by BFCL's own AST checker")
-register_loaded_suite(LIVE_SUITE, LIVE_VERSION, load_bfcl_live, "BFCL's live single-turn categories (user-contributed; "
-                      "all held out, never trained on), graded by BFCL's own AST checker")
+register_loaded_suite(
+    SUITE,
+    VERSION,
+    load_bfcl,
+    "BFCL single-turn function calling (simple, multiple, parallel, parallel_multiple, irrelevance), graded by BFCL's own AST checker",
+)
+register_loaded_suite(
+    LIVE_SUITE,
+    LIVE_VERSION,
+    load_bfcl_live,
+    "BFCL's live single-turn categories (user-contributed; all held out, never trained on), graded by BFCL's own AST checker",
+)
 
 
 class BFCLGraded(ToolEnv):
-    """What BFCL's environments share: the submitted calls are the final state, and the verdict
-    comes from a grader the package root wires to BFCL's checkers (envs do not import verifiers)."""
-
-    #: (task, final state) -> reward
-    default_grader: ClassVar[Callable[..., float] | None] = None
-
-    def grade(self) -> float:
-        """BFCL's verdict on what was submitted (0.0 with no grader wired)."""
-        grader = type(self).default_grader
-        if grader is None or self.task is None:
-            return 0.0
-        return float(grader(self.task, self.final_state()))
+    """What BFCL's environments share: the submitted calls are the final state, which BFCL's own
+    checkers grade (the tasks' hidden spec names the `bfcl-ast` / `bfcl-multi-turn` scorer)."""
 
     def final_state(self) -> dict[str, Any]:
         """The submitted calls (JSON), which BFCL's checker grades."""
@@ -106,7 +108,6 @@ class BFCLEnv(BFCLGraded):
         """Irrelevance entries: making no call is the right answer."""
         return is_irrelevance(task.family)
 
-
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Record the turn's calls (nothing runs: calls are data), end the episode, grade it."""
         if self.task is None:
@@ -122,8 +123,14 @@ class BFCLEnv(BFCLGraded):
         self.done = True
         reward = self.grade()
         results = [{"name": name, "content": "recorded", "error": False} for call in self.calls for name in call]
-        info = {"turn": self.turn, "task_id": self.task.id, "tool_results": results,
-                "turn_errors": [{"kind": e.kind, "message": e.message} for e in parsed.errors],
-                "errors": {k: self.error_counts.get(k, 0) for k in ERROR_CLASSES}, "tool_calls": self.tool_call_count, "submitted": self.submitted}
+        info = {
+            "turn": self.turn,
+            "task_id": self.task.id,
+            "tool_results": results,
+            "turn_errors": [{"kind": e.kind, "message": e.message} for e in parsed.errors],
+            "errors": {k: self.error_counts.get(k, 0) for k in ERROR_CLASSES},
+            "tool_calls": self.tool_call_count,
+            "submitted": self.submitted,
+        }
         self.transcript.append(("action", action if isinstance(action, str) else json.dumps(action, default=str)))
         return "", reward, True, False, info

@@ -40,8 +40,12 @@ def result_text(value: Any) -> str:
     return str(value)
 
 
-register_loaded_suite(SUITE, VERSION, load_bfcl_multi, "BFCL multi-turn (base, miss_func, miss_param) on BFCL's "
-                      "stateful API classes, graded by BFCL's multi-turn checker")
+register_loaded_suite(
+    SUITE,
+    VERSION,
+    load_bfcl_multi,
+    "BFCL multi-turn (base, miss_func, miss_param) on BFCL's stateful API classes, graded by BFCL's multi-turn checker",
+)
 
 
 @register_env("bfcl-multi-v0", suite=SUITE)
@@ -96,8 +100,14 @@ class BFCLMultiTurnEnv(BFCLGraded):
             from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
 
             self.offered = self.offered + list(added)
-            return [{"role": "user", "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(
-                functions=json.dumps([tool_schema(d)["function"] for d in added]))}]
+            return [
+                {
+                    "role": "user",
+                    "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(
+                        functions=json.dumps([tool_schema(d)["function"] for d in added])
+                    ),
+                }
+            ]
         return [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in questions[self.user_turn]]
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -135,10 +145,16 @@ class BFCLMultiTurnEnv(BFCLGraded):
         self.submitted = json.dumps(self.decoded if terminated else {"unfinished": True})
         reward = self.grade() if terminated else 0.0
         obs = "\n".join(r["content"] for r in results) or "\n".join(m["content"] for m in info.get("observation_messages", []))
-        info.update({"turn": self.turn, "task_id": self.task.id, "tool_results": results,
-                     "turn_errors": [{"kind": e.kind, "message": e.message} for e in parsed.errors],
-                     "errors": {k: self.error_counts.get(k, 0) for k in ERROR_CLASSES},
-                     "tool_calls": self.tool_call_count})
+        info.update(
+            {
+                "turn": self.turn,
+                "task_id": self.task.id,
+                "tool_results": results,
+                "turn_errors": [{"kind": e.kind, "message": e.message} for e in parsed.errors],
+                "errors": {k: self.error_counts.get(k, 0) for k in ERROR_CLASSES},
+                "tool_calls": self.tool_call_count,
+            }
+        )
         self.transcript.append(("observation", obs))
         return obs, reward, terminated, truncated, info
 

@@ -30,7 +30,6 @@ def load_harbor_suite(root) -> TaskSuite:
 
 
 # `TaskSuite.load` reads a directory of Harbor task directories through this hook.
-DIRECTORY_FORMATS.append((lambda path: any((p / "task.toml").is_file() for p in path.iterdir() if p.is_dir()),
-                          load_harbor_suite))
+DIRECTORY_FORMATS.append((lambda path: any((p / "task.toml").is_file() for p in path.iterdir() if p.is_dir()), load_harbor_suite))
 
 __all__ = ["HarborEnv", "load_harbor_suite"]

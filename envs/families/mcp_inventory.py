@@ -31,13 +31,20 @@ ITEMS = {
     HELDOUT: ["pulleys", "bearings", "couplings", "sprockets", "valves", "fuses", "castors", "latches"],
 }
 WORDING = {
-    "train": {"receive": "Receive {n} {item}.", "ship": "Ship {n} {item}.", "discontinue": "Discontinue {item}.",
-              "exact": "Make sure exactly {n} {item} are in stock.", "new": "Start stocking {item}: receive {n}."},
-    HELDOUT: {"receive": "A delivery of {n} {item} arrived: add it to the stock.",
-              "ship": "Send {n} {item} out of the warehouse.",
-              "discontinue": "{item} are no longer sold: take them out of the inventory.",
-              "exact": "The stock of {item} must end at {n}, no more and no fewer.",
-              "new": "We now carry {item}; {n} of them came in today."},
+    "train": {
+        "receive": "Receive {n} {item}.",
+        "ship": "Ship {n} {item}.",
+        "discontinue": "Discontinue {item}.",
+        "exact": "Make sure exactly {n} {item} are in stock.",
+        "new": "Start stocking {item}: receive {n}.",
+    },
+    HELDOUT: {
+        "receive": "A delivery of {n} {item} arrived: add it to the stock.",
+        "ship": "Send {n} {item} out of the warehouse.",
+        "discontinue": "{item} are no longer sold: take them out of the inventory.",
+        "exact": "The stock of {item} must end at {n}, no more and no fewer.",
+        "new": "We now carry {item}; {n} of them came in today.",
+    },
 }
 KINDS = ("receive", "ship", "discontinue", "exact", "new")
 
@@ -86,25 +93,33 @@ def generate_mcp_inventory_task(seed: int, index: int, split: str = "train") -> 
                 n += 1
             final[item] = n
             diff = n - stock[item]
-            calls.append(ToolCall(name="add_stock" if diff > 0 else "remove_stock",
-                                  arguments={"item": item, "quantity": abs(diff)}))
+            calls.append(ToolCall(name="add_stock" if diff > 0 else "remove_stock", arguments={"item": item, "quantity": abs(diff)}))
         sentences.append(WORDING[key][kind].format(n=n, item=item))
-    instruction = (" ".join(sentences) + " The inventory is kept by the `inventory` tools; call `submit` when "
-                   "the stock is right.")
+    instruction = " ".join(sentences) + " The inventory is kept by the `inventory` tools; call `submit` when the stock is right."
     spec = {"files": {"inventory.json": stock_text(final)}, "strip": False}
-    return Task(env_id="toolgym/mcp-inventory-v0", instruction=instruction,
-                family=f"mcp-inventory/{'+'.join(sorted(set(kinds)))}" if n_ops > 1 else f"mcp-inventory/{kinds[0]}",
-                difficulty=n_ops + ("exact" in kinds), split=split,
-                workspace={"inventory.json": stock_text(stock), SERVER_PATH: server_source()},
-                hidden=HiddenSpec(kind="state", files={"check.py": CHECKER % json.dumps(spec)},
-                                  protected=(".mcp",), timeout_s=30),
-                oracle=tuple(calls) + (ToolCall(name="submit", arguments={}),),
-                data={"mcp_server": SERVER}, metadata={"kinds": kinds, "seed": seed, "index": index})
+    return Task(
+        env_id="toolgym/mcp-inventory-v0",
+        instruction=instruction,
+        family=f"mcp-inventory/{'+'.join(sorted(set(kinds)))}" if n_ops > 1 else f"mcp-inventory/{kinds[0]}",
+        difficulty=n_ops + ("exact" in kinds),
+        split=split,
+        workspace={"inventory.json": stock_text(stock), SERVER_PATH: server_source()},
+        hidden=HiddenSpec(kind="state", files={"check.py": CHECKER % json.dumps(spec)}, protected=(".mcp",), timeout_s=30),
+        oracle=tuple(calls) + (ToolCall(name="submit", arguments={}),),
+        data={"mcp_server": SERVER},
+        metadata={"kinds": kinds, "seed": seed, "index": index},
+    )
 
 
-register_suite(SuiteSpec(name=SUITE, generator=generate_mcp_inventory_task, train_size=240, heldout_size=60,
-                         description="stock changes through the tools of an MCP server in the sandbox; "
-                                     "hidden state checker"))
+register_suite(
+    SuiteSpec(
+        name=SUITE,
+        generator=generate_mcp_inventory_task,
+        train_size=240,
+        heldout_size=60,
+        description="stock changes through the tools of an MCP server in the sandbox; hidden state checker",
+    )
+)
 
 
 @register_env("mcp-inventory-v0", suite=SUITE)

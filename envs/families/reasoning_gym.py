@@ -26,8 +26,16 @@ from toolgym.sandbox import SandboxError
 from toolgym.tasks import TRAIN, HiddenSpec, SuiteSpec, Task, ToolCall, register_suite
 
 #: Registered at import: varied enough that held-out needs few replacements.
-DEFAULT_DATASETS = ("chain_sum", "basic_arithmetic", "gcd", "count_bits", "letter_counting", "spell_backward",
-                    "word_sorting", "number_sorting")
+DEFAULT_DATASETS = (
+    "chain_sum",
+    "basic_arithmetic",
+    "gcd",
+    "count_bits",
+    "letter_counting",
+    "spell_backward",
+    "word_sorting",
+    "number_sorting",
+)
 #: Metadata keys that only say where an item came from (they would make equal questions hash apart).
 _PROVENANCE = ("source_dataset", "source_index")
 _MAX_ITEMS = 10**7
@@ -100,27 +108,46 @@ class ReasoningGymGenerator:
         metadata = {k: v for k, v in _plain(entry.get("metadata", {})).items() if k not in _PROVENANCE}
         answer = str(entry["answer"])
         return Task(
-            env_id=f"toolgym/rg-{self.dataset}-v0", instruction=entry["question"], family=f"rg/{self.dataset}",
+            env_id=f"toolgym/rg-{self.dataset}-v0",
+            instruction=entry["question"],
+            family=f"rg/{self.dataset}",
             split=split,
-            hidden=HiddenSpec(kind="score", answer=answer, scorer="reasoning-gym",
-                              scorer_args={"dataset": self.dataset, "metadata": metadata}),
-            oracle=(ToolCall(name="answer", arguments={"text": answer}),))
+            hidden=HiddenSpec(
+                kind="score", answer=answer, scorer="reasoning-gym", scorer_args={"dataset": self.dataset, "metadata": metadata}
+            ),
+            oracle=(ToolCall(name="answer", arguments={"text": answer}),),
+        )
 
 
-def register_reasoning_gym(dataset: str, config: dict[str, Any] | None = None, train_size: int = 500,
-                           heldout_size: int = 100, backend: str | None = None) -> str:
+def register_reasoning_gym(
+    dataset: str, config: dict[str, Any] | None = None, train_size: int = 500, heldout_size: int = 100, backend: str | None = None
+) -> str:
     """Register suite `rg-<dataset>` and env `rg-<dataset>-v0`; returns the env id.
 
     `config` goes to `reasoning_gym.create_dataset` (e.g. `{"min_terms": 3}`); `backend` picks the
     sandbox of the `python` tool (default: the SandboxConfig default, bwrap).
     """
     suite = f"rg-{dataset}"
-    register_suite(SuiteSpec(name=suite, generator=ReasoningGymGenerator(dataset, config), train_size=train_size,
-                             heldout_size=heldout_size, drop_heldout_leaks=True,
-                             description=f"reasoning-gym `{dataset}`, scored by its own score_answer"))
-    cls = type(f"RG_{dataset}_Env", (ReasoningGymEnv,), {
-        "__doc__": f"reasoning-gym `{dataset}`: sandboxed `python`, then `answer` (its own scorer grades).",
-        "__module__": __name__, "dataset": dataset, "default_suite": suite})
+    register_suite(
+        SuiteSpec(
+            name=suite,
+            generator=ReasoningGymGenerator(dataset, config),
+            train_size=train_size,
+            heldout_size=heldout_size,
+            drop_heldout_leaks=True,
+            description=f"reasoning-gym `{dataset}`, scored by its own score_answer",
+        )
+    )
+    cls = type(
+        f"RG_{dataset}_Env",
+        (ReasoningGymEnv,),
+        {
+            "__doc__": f"reasoning-gym `{dataset}`: sandboxed `python`, then `answer` (its own scorer grades).",
+            "__module__": __name__,
+            "dataset": dataset,
+            "default_suite": suite,
+        },
+    )
     globals()[cls.__name__] = cls  # importable by name (gymnasium entry point, pickling)
     kwargs = {"backend": backend} if backend else {}
     env_id = f"rg-{dataset}-v0"

@@ -22,15 +22,54 @@ from toolgym.envs.registry import register_env
 from toolgym.envs.tools import ToolError, tool
 from toolgym.tasks import HELDOUT, HiddenSpec, SuiteSpec, Task, ToolCall, register_suite
 
-FIRST = ["Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ines", "Jon", "Kai", "Lea",
-         "Milo", "Nora", "Omar", "Pia", "Quin", "Rosa", "Sam", "Tara", "Uma", "Vik", "Wren", "Yara"]
+FIRST = [
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dan",
+    "Eva",
+    "Finn",
+    "Gia",
+    "Hugo",
+    "Ines",
+    "Jon",
+    "Kai",
+    "Lea",
+    "Milo",
+    "Nora",
+    "Omar",
+    "Pia",
+    "Quin",
+    "Rosa",
+    "Sam",
+    "Tara",
+    "Uma",
+    "Vik",
+    "Wren",
+    "Yara",
+]
 LAST = {
-    "train": ["Moreau", "Okafor", "Lindqvist", "Tanaka", "Silva", "Novak", "Haddad", "Kowalski",
-              "Reyes", "Nguyen", "Fischer", "Rossi", "Byrne", "Dubois", "Sato", "Petrov"],
+    "train": [
+        "Moreau",
+        "Okafor",
+        "Lindqvist",
+        "Tanaka",
+        "Silva",
+        "Novak",
+        "Haddad",
+        "Kowalski",
+        "Reyes",
+        "Nguyen",
+        "Fischer",
+        "Rossi",
+        "Byrne",
+        "Dubois",
+        "Sato",
+        "Petrov",
+    ],
     HELDOUT: ["Achebe", "Bergman", "Castillo", "Dvorak", "Eriksen", "Fontaine", "Gallo", "Horvat"],
 }
-CITIES = {"train": ["Oslo", "Lima", "Porto", "Kyoto", "Dakar", "Quito"],
-          HELDOUT: ["Tartu", "Cusco", "Braga", "Nara"]}
+CITIES = {"train": ["Oslo", "Lima", "Porto", "Kyoto", "Dakar", "Quito"], HELDOUT: ["Tartu", "Cusco", "Braga", "Nara"]}
 DEPTS = {"train": ["Sales", "Research", "Legal", "Support"], HELDOUT: ["Design", "Finance", "Audit"]}
 FIELDS = ("email", "city", "department", "age")
 
@@ -59,15 +98,17 @@ def _make_store(rng: np.random.Generator, n: int, split: str) -> list[dict[str, 
     people = []
     for i, idx in enumerate(chosen):
         name = names[int(idx)]
-        people.append({
-            "id": f"P{i + 1:02d}",
-            "name": name,
-            "city": str(rng.choice(CITIES[k])),
-            "department": str(rng.choice(DEPTS[k])),
-            "age": int(rng.integers(22, 66)),
-            "manager": None,
-            "email": name.lower().replace(" ", ".") + "@corp.example",
-        })
+        people.append(
+            {
+                "id": f"P{i + 1:02d}",
+                "name": name,
+                "city": str(rng.choice(CITIES[k])),
+                "department": str(rng.choice(DEPTS[k])),
+                "age": int(rng.integers(22, 66)),
+                "manager": None,
+                "email": name.lower().replace(" ", ".") + "@corp.example",
+            }
+        )
     for i, person in enumerate(people):
         if i > 0:  # everyone but P01 reports to someone earlier in the list: a tree
             person["manager"] = people[int(rng.integers(0, i))]["id"]
@@ -125,9 +166,16 @@ def generate_records_task(seed: int, index: int, split: str = "train") -> Task:
     )
 
 
-register_suite(SuiteSpec(
-    name="records", generator=generate_records_task, train_size=1000, heldout_size=200, version="1",
-    description="questions over a small record store (search/get/answer), difficulty 1-3"))
+register_suite(
+    SuiteSpec(
+        name="records",
+        generator=generate_records_task,
+        train_size=1000,
+        heldout_size=200,
+        version="1",
+        description="questions over a small record store (search/get/answer), difficulty 1-3",
+    )
+)
 
 
 @register_env("records-v0", suite="records", max_turns=16)

@@ -17,11 +17,18 @@ from toolgym.envs.sandbox_env import SandboxEnv
 from toolgym.tasks import HELDOUT, HiddenSpec, SuiteSpec, Task, ToolCall, register_suite
 
 POOLS = {
-    "train": {"words": ["alpha", "bravo", "delta", "echo", "golf", "hotel", "india", "kilo", "lima", "mike"],
-              "cities": ["Oslo", "Lima", "Porto", "Kyoto", "Dakar"], "exts": ["txt", "csv", "log"],
-              "levels": ["ERROR", "WARN"]},
-    HELDOUT: {"words": ["amber", "basil", "cedar", "dune", "ember", "fjord", "grove", "heath"],
-              "cities": ["Tartu", "Cusco", "Braga"], "exts": ["md", "json", "ini"], "levels": ["FATAL", "DEBUG"]},
+    "train": {
+        "words": ["alpha", "bravo", "delta", "echo", "golf", "hotel", "india", "kilo", "lima", "mike"],
+        "cities": ["Oslo", "Lima", "Porto", "Kyoto", "Dakar"],
+        "exts": ["txt", "csv", "log"],
+        "levels": ["ERROR", "WARN"],
+    },
+    HELDOUT: {
+        "words": ["amber", "basil", "cedar", "dune", "ember", "fjord", "grove", "heath"],
+        "cities": ["Tartu", "Cusco", "Braga"],
+        "exts": ["md", "json", "ini"],
+        "levels": ["FATAL", "DEBUG"],
+    },
 }
 
 WORDING = {
@@ -100,12 +107,14 @@ def generate_shell_ops_task(seed: int, index: int, split: str = "train") -> Task
             spec["files"][f"sorted/{n.rsplit('.', 1)[1]}/{n}"] = ws[f"inbox/{n}"]
             spec["files"][f"inbox/{n}"] = None
         spec["tree"] = {"inbox": []}
-        oracle = "cd inbox && for f in *; do mkdir -p ../sorted/${f##*.} && mv \"$f\" ../sorted/${f##*.}/; done"
+        oracle = 'cd inbox && for f in *; do mkdir -p ../sorted/${f##*.} && mv "$f" ../sorted/${f##*.}/; done'
     elif kind == "column":
         cols = ["name", "city", "score"]
         col = cols[int(rng.integers(3))]
-        rows = [(str(rng.choice(pool["words"])), str(rng.choice(pool["cities"])), str(int(rng.integers(100))))
-                for _ in range(int(rng.integers(3, 9)))]
+        rows = [
+            (str(rng.choice(pool["words"])), str(rng.choice(pool["cities"])), str(int(rng.integers(100))))
+            for _ in range(int(rng.integers(3, 9)))
+        ]
         ws["data.csv"] = "name,city,score\n" + "".join(",".join(r) + "\n" for r in rows)
         out = f"{col}_values.txt"
         fmt = {"col": col, "out": out}
@@ -121,7 +130,7 @@ def generate_shell_ops_task(seed: int, index: int, split: str = "train") -> Task
             spec["files"][f"photos/{n}.jpg"] = ws[f"photos/{n}.jpeg"]
             spec["files"][f"photos/{n}.jpeg"] = None
         spec["files"][f"photos/{keep}"] = "not a photo\n"
-        oracle = "cd photos && for f in *.jpeg; do mv \"$f\" \"${f%.jpeg}.jpg\"; done"
+        oracle = 'cd photos && for f in *.jpeg; do mv "$f" "${f%.jpeg}.jpg"; done'
     elif kind == "perms":
         names = _names(rng, pool, int(rng.integers(3, 7)), ["sh", "txt", "py"])
         spec["executable"], spec["not_executable"] = [], []
@@ -134,8 +143,10 @@ def generate_shell_ops_task(seed: int, index: int, split: str = "train") -> Task
         oracle = "chmod a-x scripts/*; chmod u+x scripts/*.sh"
     elif kind == "count":
         level = str(rng.choice(pool["levels"]))
-        lines = [f"2026-11-{int(rng.integers(1, 29)):02d} {rng.choice(pool['levels'] + ['INFO', 'INFO'])} "
-                 f"{rng.choice(pool['words'])}" for _ in range(int(rng.integers(5, 20)))]
+        lines = [
+            f"2026-11-{int(rng.integers(1, 29)):02d} {rng.choice(pool['levels'] + ['INFO', 'INFO'])} {rng.choice(pool['words'])}"
+            for _ in range(int(rng.integers(5, 20)))
+        ]
         ws["logs/app.log"] = "\n".join(lines) + "\n"
         fmt = {"level": level}
         spec["files"]["count.txt"] = str(sum(level in ln for ln in lines)) + "\n"
@@ -167,15 +178,28 @@ def generate_shell_ops_task(seed: int, index: int, split: str = "train") -> Task
             spec["files"][path] = None if n.endswith(".tmp") else ws[path]
         oracle = "find build -name '*.tmp' -delete"
     instruction = wording[kind].format(**fmt) + " Use the bash tool; call `submit` when done."
-    return Task(env_id="toolgym/shell-ops-v0", instruction=instruction, family=f"shell-ops/{kind}",
-                difficulty=1 + (kind in ("by_ext", "perms", "replace")), split=split, workspace=ws,
-                hidden=HiddenSpec(kind="state", files={"check.py": CHECKER % json.dumps(spec)}, timeout_s=30),
-                oracle=(ToolCall(name="bash", arguments={"command": oracle}), ToolCall(name="submit", arguments={})),
-                metadata={"kind": kind, "seed": seed, "index": index})
+    return Task(
+        env_id="toolgym/shell-ops-v0",
+        instruction=instruction,
+        family=f"shell-ops/{kind}",
+        difficulty=1 + (kind in ("by_ext", "perms", "replace")),
+        split=split,
+        workspace=ws,
+        hidden=HiddenSpec(kind="state", files={"check.py": CHECKER % json.dumps(spec)}, timeout_s=30),
+        oracle=(ToolCall(name="bash", arguments={"command": oracle}), ToolCall(name="submit", arguments={})),
+        metadata={"kind": kind, "seed": seed, "index": index},
+    )
 
 
-register_suite(SuiteSpec(name="shell-ops", generator=generate_shell_ops_task, train_size=320, heldout_size=104,
-                         description="file and text chores in a sandbox; hidden state checker"))
+register_suite(
+    SuiteSpec(
+        name="shell-ops",
+        generator=generate_shell_ops_task,
+        train_size=320,
+        heldout_size=104,
+        description="file and text chores in a sandbox; hidden state checker",
+    )
+)
 
 
 @register_env("shell-ops-v0", suite="shell-ops")

@@ -48,9 +48,11 @@ def load_swe_pypi() -> TaskSuite:
     """The mined default suite; a `TaskLoadError` with the command to run when it is not mined yet."""
     root = default_suite_dir()
     if not (root / "suite.yaml").exists():
-        raise TaskLoadError(f"the {SUITE} suite is not mined on this machine ({root}): run `toolgym tasks mine "
-                            "--default` first (it fetches 10 packages from PyPI and takes about 30 minutes "
-                            "on 2 cores), or point $TOOLGYM_SWE_PYPI at a mined suite directory")
+        raise TaskLoadError(
+            f"the {SUITE} suite is not mined on this machine ({root}): run `toolgym tasks mine "
+            "--default` first (it fetches 10 packages from PyPI and takes about 30 minutes "
+            "on 2 cores), or point $TOOLGYM_SWE_PYPI at a mined suite directory"
+        )
     return load_mined_suite(root)
 
 
@@ -58,9 +60,17 @@ def _not_generated(seed: int, index: int, split: str = TRAIN):
     raise TaskLoadError(f"{SUITE} is mined, not generated: load it with builtin_suite({SUITE!r})")
 
 
-register_suite(SuiteSpec(name=SUITE, generator=_not_generated, train_size=0, heldout_size=0, version=VERSION,
-                         loader=load_swe_pypi,
-                         description="fix a mutation in a real PyPI package; graded by its own tests (mined)"))
+register_suite(
+    SuiteSpec(
+        name=SUITE,
+        generator=_not_generated,
+        train_size=0,
+        heldout_size=0,
+        version=VERSION,
+        loader=load_swe_pypi,
+        description="fix a mutation in a real PyPI package; graded by its own tests (mined)",
+    )
+)
 
 
 @register_env("swe-pypi-v0", suite=SUITE)

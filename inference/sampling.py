@@ -44,8 +44,9 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return logits
 
 
-def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  seeds: torch.Tensor, step: int) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor, step: int
+) -> torch.Tensor:
     """One token per row: greedy where temperature is 0, else an exact sample of
     softmax(filtered logits / T) by inverting its CDF at the row's uniform draw: one random
     number per row instead of noise over the whole vocabulary, no per-row Python loop. An

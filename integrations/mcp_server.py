@@ -48,13 +48,23 @@ class EnvironmentMCP:
         """`reset` and the environment's tools, as MCP tool descriptions."""
         import mcp_types as types
 
-        out = [types.Tool(name=RESET_TOOL, description=f"Start an episode of {self.env_id}: returns the task's "
-                          "instruction. Call it before any other tool, and again for the next episode.",
-                          input_schema=RESET_SCHEMA)]
+        out = [
+            types.Tool(
+                name=RESET_TOOL,
+                description=f"Start an episode of {self.env_id}: returns the task's "
+                "instruction. Call it before any other tool, and again for the next episode.",
+                input_schema=RESET_SCHEMA,
+            )
+        ]
         for schema in self.env.tool_schemas():
             fn = schema.get("function", schema)
-            out.append(types.Tool(name=fn["name"], description=fn.get("description", ""),
-                                  input_schema=fn.get("parameters") or {"type": "object", "properties": {}}))
+            out.append(
+                types.Tool(
+                    name=fn["name"],
+                    description=fn.get("description", ""),
+                    input_schema=fn.get("parameters") or {"type": "object", "properties": {}},
+                )
+            )
         return out
 
     def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
@@ -70,15 +80,13 @@ class EnvironmentMCP:
             self.started, self.ended = True, False
             return obs, {"task_id": info["task_id"], "family": info.get("family")}, False
         if not self.started or self.ended:
-            return ("Error: no episode is running; call `reset` first"
-                    + (" (the last one ended)" if self.ended else "")), {}, True
+            return (("Error: no episode is running; call `reset` first" + (" (the last one ended)" if self.ended else "")), {}, True)
         if name not in self.env.tools:
             return f"Error: unknown tool {name!r}; tools: {', '.join([RESET_TOOL, *self.env.tools])}", {}, True
         obs, reward, terminated, truncated, info = self.env.step([ToolCall(name=name, arguments=arguments)])
         self.ended = terminated or truncated
         error = any(r.get("error") for r in info.get("tool_results", []))
-        structured = {"reward": reward, "terminated": terminated, "truncated": truncated,
-                      "side_effects": info.get("side_effects", [])}
+        structured = {"reward": reward, "terminated": terminated, "truncated": truncated, "side_effects": info.get("side_effects", [])}
         if self.ended:
             structured["outcome"] = "truncated" if truncated else "passed" if reward >= 1.0 else "failed"
         return obs, structured, error
@@ -93,8 +101,9 @@ class EnvironmentMCP:
 
         async def call_tool(ctx, params):
             text, structured, error = await anyio.to_thread.run_sync(self.call, params.name, dict(params.arguments or {}))
-            return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
-                                        structured_content=structured or None, is_error=error)
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=text)], structured_content=structured or None, is_error=error
+            )
 
         return Server(f"toolgym-{self.env_id}", on_list_tools=list_tools, on_call_tool=call_tool)
 

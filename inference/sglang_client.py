@@ -21,7 +21,7 @@ triples), `meta_info.finish_reason.type` and `meta_info.weight_version`.
   `harness.weight_sync`), then `POST /continue_generation`. Each carries `weight_version`.
 
 The sglang server is CUDA-only and cannot run on the project's CPU machines. The tests run this
-client over real HTTP against `toolgym.harness.protocol_server`, a small server that speaks the
+client over real HTTP against `toolgym.inference.protocol_server`, a small server that speaks the
 same documented request/response format backed by an in-process model; it is to be checked
 against a real sglang server on a GPU machine (see docs/sglang.md).
 """
@@ -36,15 +36,23 @@ from typing import Any
 
 import httpx
 
-from toolgym.harness.policy import Generation, PolicyError, SamplingParams, current_episode
+from toolgym.inference.policy import Generation, PolicyError, SamplingParams, current_episode
 
 
 class SGLangPolicy:
     """Token-in/token-out policy backed by one or more sglang servers (see the module docstring)."""
 
-    def __init__(self, urls: str | list[str], timeout_s: float = 120.0, retries: int = 3,
-                 backoff_s: float = 0.5, name: str | None = None, max_connections: int = 256,
-                 probe_interval_s: float = 2.0, pause_mode: str = "retract") -> None:
+    def __init__(
+        self,
+        urls: str | list[str],
+        timeout_s: float = 120.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        name: str | None = None,
+        max_connections: int = 256,
+        probe_interval_s: float = 2.0,
+        pause_mode: str = "retract",
+    ) -> None:
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise ValueError("SGLangPolicy needs at least one server URL")
@@ -143,8 +151,7 @@ class SGLangPolicy:
             params["stop_token_ids"] = list(sampling.stop_token_ids)
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
-        return {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True,
-                "logprob_start_len": -1}
+        return {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True, "logprob_start_len": -1}
 
     @staticmethod
     def parse_response(data: dict[str, Any]) -> Generation:
@@ -160,10 +167,13 @@ class SGLangPolicy:
             version = meta.get("weight_version")
             version = int(version) if version not in (None, "", "default") else None
         except (KeyError, TypeError, IndexError, ValueError) as err:
-            raise PolicyError(f"unexpected /generate response ({type(err).__name__}: {err}): "
-                              f"{str(data)[:200]}") from None
-        return Generation(token_ids=token_ids, logprobs=logprobs, weight_version=version,
-                          finish_reason=reason if reason in ("stop", "length", "abort") else "stop")
+            raise PolicyError(f"unexpected /generate response ({type(err).__name__}: {err}): {str(data)[:200]}") from None
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            weight_version=version,
+            finish_reason=reason if reason in ("stop", "length", "abort") else "stop",
+        )
 
     @property
     def in_flight(self) -> int:
@@ -192,8 +202,7 @@ class SGLangPolicy:
                     continue
                 except httpx.TransportError as err:  # lost mid-request: this turn is gone
                     self._mark_down(index)
-                    raise PolicyError(f"{url}: server lost mid-turn ({type(err).__name__}: {err}); "
-                                      "taken out of rotation") from None
+                    raise PolicyError(f"{url}: server lost mid-turn ({type(err).__name__}: {err}); taken out of rotation") from None
                 finally:
                     self._inflight[index] -= 1
                 if resp.status_code >= 500:  # overloaded or warming up: back off, then retry
@@ -220,7 +229,7 @@ class SGLangPolicy:
             except httpx.TransportError as err:
                 last = err
                 if attempt < self.retries:
-                    await asyncio.sleep(self.backoff_s * (2 ** attempt))
+                    await asyncio.sleep(self.backoff_s * (2**attempt))
         raise PolicyError(f"{url}: failed after {self.retries + 1} attempts: {type(last).__name__}: {last}")
 
     # ---- health and weights ------------------------------------------------------------------
@@ -249,8 +258,7 @@ class SGLangPolicy:
                 raise PolicyError(f"sglang server(s) not healthy after {timeout_s}s: {down}")
             await asyncio.sleep(poll_s)
 
-    async def _update_all(self, path: str, body: dict[str, Any], version: int | None,
-                          during: Any = None) -> None:
+    async def _update_all(self, path: str, body: dict[str, Any], version: int | None, during: Any = None) -> None:
         """Pause every server in rotation, apply one weight update to all, resume all.
 
         `during` (a coroutine) runs alongside the update requests: the trainer's broadcast for
@@ -266,14 +274,12 @@ class SGLangPolicy:
         await asyncio.gather(*(self._control(i, "/pause_generation", {"mode": self.pause_mode}) for i in live))
         try:
             requests = [self._control(i, path, body) for i in live]
-            results = await asyncio.gather(*requests, *([during] if during is not None else []),
-                                           return_exceptions=True)
+            results = await asyncio.gather(*requests, *([during] if during is not None else []), return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:
                 raise PolicyError(f"weight update failed: {failed[0]}")
         finally:
-            await asyncio.gather(*(self._control(i, "/continue_generation", {}) for i in live),
-                                 return_exceptions=True)
+            await asyncio.gather(*(self._control(i, "/continue_generation", {}) for i in live), return_exceptions=True)
         self._missed_update |= {i for i in range(len(self.urls)) if i not in live}
         # only an update from disk can be replayed to a server that comes back
         self._last_update = (path, body) if path == "/update_weights_from_disk" else None
@@ -283,25 +289,32 @@ class SGLangPolicy:
         """Every server loads the checkpoint at `model_path` (pause, update, resume)."""
         await self._update_all("/update_weights_from_disk", {"model_path": model_path, "flush_cache": True}, version)
 
-    async def init_weights_update_group(self, master_address: str, master_port: int, group_name: str,
-                                        backend: str = "nccl", ranks_per_server: int = 1,
-                                        join: Any = None) -> int:
+    async def init_weights_update_group(
+        self, master_address: str, master_port: int, group_name: str, backend: str = "nccl", ranks_per_server: int = 1, join: Any = None
+    ) -> int:
         """Ask every server to join a weight-update process group with the trainer as rank 0
         (server i takes ranks 1 + i*ranks_per_server...); `join` is the trainer's own join
         (a coroutine, see `harness.weight_sync`), run alongside. Returns the world size."""
         world = 1 + ranks_per_server * len(self.urls)
-        body = {"master_address": master_address, "master_port": master_port, "world_size": world,
-                "group_name": group_name, "backend": backend}
-        requests = [self._control(i, "/init_weights_update_group", dict(body, rank_offset=1 + i * ranks_per_server))
-                    for i in range(len(self.urls))]
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "world_size": world,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        requests = [
+            self._control(i, "/init_weights_update_group", dict(body, rank_offset=1 + i * ranks_per_server)) for i in range(len(self.urls))
+        ]
         results = await asyncio.gather(*requests, *([join] if join is not None else []), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise PolicyError(f"weight update group failed: {failed[0]}")
         return world
 
-    async def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                              group_name: str, broadcast: Any, version: int | None = None) -> None:
+    async def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, broadcast: Any, version: int | None = None
+    ) -> None:
         """Every server receives the named tensors that `broadcast` (a coroutine: the trainer's
         rank-0 broadcasts, in `names` order) sends over the group (pause, update, resume)."""
         body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": True}
@@ -309,8 +322,9 @@ class SGLangPolicy:
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
         """Every server leaves the weight-update group."""
-        await asyncio.gather(*(self._control(i, "/destroy_weights_update_group", {"group_name": group_name})
-                               for i in range(len(self.urls))))
+        await asyncio.gather(
+            *(self._control(i, "/destroy_weights_update_group", {"group_name": group_name}) for i in range(len(self.urls)))
+        )
 
     async def flush_cache(self) -> None:
         """Drop every server's prefix cache."""

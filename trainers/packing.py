@@ -3,7 +3,7 @@
 A training micro-batch holds rows of different lengths. Padded to its longest row, about 30 % of
 what the main job's SFT steps computed was padding (8 BFCL demonstrations of 135 to 514 tokens,
 measured on its rollouts). Here the batch's shared prefix (system prompt, tool list, a GRPO
-group's task) runs once, as in `harness/prefix.py`, and each row's own tokens after it are laid
+group's task) runs once, as in `inference/prefix.py`, and each row's own tokens after it are laid
 end to end in a single row (batch 1) with positions restarting per row, so the linear layers see
 only real tokens. Attention runs segment by segment: each row sees the shared prefix and its own
 earlier tokens, never another row's. The logits equal the padded forward's up to float rounding,
@@ -19,16 +19,17 @@ attending across rows; callers then use the padded forward.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from toolgym.harness.prefix import MIN_SHARED, cache_kwarg, prefix_cache, shared_prefix_length
+from toolgym.inference.prefix import MIN_SHARED, cache_kwarg, prefix_cache, shared_prefix_length
 
 NAME = "toolgym-packed"
 #: The keyword argument that carries the segments from `model(...)` down to the attention layers.
@@ -54,9 +55,16 @@ class Segments:
     bounds: tuple[tuple[int, int], ...]
 
 
-def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
-                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+def packed_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """Causal attention of each segment over the shared prefix and its own tokens. `query`
     (1, Hq, T, D), `key`/`value` (1, Hkv, prefix + T, D); returns (1, T, Hq, D) like
     transformers' attention functions. Without segments (a call from outside a packed forward,
@@ -75,7 +83,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     for start, end in segments.bounds:
         if start == end:  # a row that is all shared prefix has no queries of its own
             continue
-        k, v = key[:, :, p + start: p + end], value[:, :, p + start: p + end]
+        k, v = key[:, :, p + start : p + end], value[:, :, p + start : p + end]
         if p:
             k = torch.cat([key[:, :, :p], k], dim=2)
             v = torch.cat([value[:, :, :p], v], dim=2)
@@ -84,8 +92,9 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         n = end - start
         # query i sees the whole prefix and its own tokens up to i (a causal mask shifted by p)
         mask = torch.ones(n, p + n, dtype=torch.bool, device=query.device).tril(diagonal=p) if p else None
-        outputs.append(F.scaled_dot_product_attention(query[:, :, start:end], k, v, attn_mask=mask,
-                                                      dropout_p=dropout, is_causal=not p, scale=scaling))
+        outputs.append(
+            F.scaled_dot_product_attention(query[:, :, start:end], k, v, attn_mask=mask, dropout_p=dropout, is_causal=not p, scale=scaling)
+        )
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
@@ -112,8 +121,7 @@ def _packed_attention(model: torch.nn.Module) -> Iterator[None]:
         base.set_attn_implementation(before)
 
 
-def packed_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
-                  keep: torch.Tensor) -> torch.Tensor | None:
+def packed_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, keep: torch.Tensor) -> torch.Tensor | None:
     """The logits at `keep` (bool, B x T) of a right-padded batch, (N, V) in row-major order, as
     `prefix.forward_logits` gives them, computed without padding. The prefix run once ends before
     the first kept position (the rows' answers run in their segments even where they start
@@ -135,8 +143,13 @@ def packed_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Te
         return None  # a kept position on padding: nothing to compute it from
     ends = torch.tensor([s.stop - s.start for s in tails]).cumsum(0).tolist()
     segments = Segments(shared, tuple(zip([0] + ends[:-1], ends)))
-    inputs: dict[str, Any] = {"input_ids": packed_ids, "position_ids": positions, "attention_mask": None,
-                              "logits_to_keep": packed_keep.nonzero().squeeze(1), SEGMENTS_KWARG: segments}
+    inputs: dict[str, Any] = {
+        "input_ids": packed_ids,
+        "position_ids": positions,
+        "attention_mask": None,
+        "logits_to_keep": packed_keep.nonzero().squeeze(1),
+        SEGMENTS_KWARG: segments,
+    }
     if shared:
         _, cache = prefix_cache(model, ids[:1, :shared], 1, logits=False)
         inputs.update(use_cache=True, **{cache_kwarg(model): cache})

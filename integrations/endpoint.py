@@ -33,9 +33,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from toolgym.envs.parsing import CLOSE, OPEN, parse_tool_calls
-from toolgym.harness.chat import ChatRenderer
-from toolgym.harness.policy import Policy, SamplingParams, current_episode
 from toolgym.harness.trajectory import Segment, Trajectory
+from toolgym.inference.chat import ChatRenderer
+from toolgym.inference.policy import Policy, SamplingParams, current_episode
 from toolgym.verifiers import Outcome
 
 EPISODE_HEADER = "X-Toolgym-Episode"
@@ -80,7 +80,7 @@ class _Episode:
     tools: list[dict[str, Any]] | None
     renderer: ChatRenderer | None = None
     seen: list[dict[str, Any]] = field(default_factory=list)  # normalized API messages, as the agent holds them
-    tool_names: dict[str, str] = field(default_factory=dict)   # tool call id -> function name
+    tool_names: dict[str, str] = field(default_factory=dict)  # tool call id -> function name
     context: list[int] = field(default_factory=list)
     parts: list[list[Segment]] = field(default_factory=list)
     divergences: int = 0
@@ -91,9 +91,18 @@ class _Episode:
 class Endpoint:
     """The server and its episodes (see the module docstring). `start()` serves on a thread."""
 
-    def __init__(self, policy: Policy, tokenizer: Any, sampling: SamplingParams | None = None,
-                 chat_template: str | None = None, host: str = "127.0.0.1", port: int = 0,
-                 max_tokens: int = 4096, auto_open: bool = False, on_close=None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        tokenizer: Any,
+        sampling: SamplingParams | None = None,
+        chat_template: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_tokens: int = 4096,
+        auto_open: bool = False,
+        on_close=None,
+    ) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingParams(max_new_tokens=256, temperature=1.0)
@@ -119,7 +128,7 @@ class Endpoint:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "Endpoint":
+    def start(self) -> Endpoint:
         """Serve on background threads (the policy's coroutines run on one event loop, so
         concurrent episodes' turns batch as in the rollout runner)."""
         self._loop_thread.start()
@@ -144,8 +153,9 @@ class Endpoint:
             self.episodes[eid] = _Episode(eid, tools)
         return f"{self.url}/episodes/{eid}/v1"
 
-    def close_episode(self, episode_url_or_id: str, reward: float, outcome: Outcome, task_id: str = "",
-                      env_id: str = "", seed: int = 0, **fields: Any) -> list[Trajectory]:
+    def close_episode(
+        self, episode_url_or_id: str, reward: float, outcome: Outcome, task_id: str = "", env_id: str = "", seed: int = 0, **fields: Any
+    ) -> list[Trajectory]:
         """End an episode with the environment's verdict: one `Trajectory` per part (more than one
         only after a divergence), each carrying the verdict."""
         eid = episode_url_or_id.rstrip("/").split("/episodes/")[-1].split("/")[0]
@@ -157,9 +167,20 @@ class Endpoint:
             self._loop.call_soon_threadsafe(self.policy.end_episode, eid)
         out = []
         for i, segments in enumerate(p for p in episode.parts if p):
-            out.append(Trajectory(task_id=task_id, group_id=f"{eid}/{i}", seed=seed, policy=self.policy.name,
-                                  env_id=env_id, segments=segments, outcome=outcome, reward=reward,
-                                  messages=list(episode.seen), **fields))
+            out.append(
+                Trajectory(
+                    task_id=task_id,
+                    group_id=f"{eid}/{i}",
+                    seed=seed,
+                    policy=self.policy.name,
+                    env_id=env_id,
+                    segments=segments,
+                    outcome=outcome,
+                    reward=reward,
+                    messages=list(episode.seen),
+                    **fields,
+                )
+            )
         return out
 
     def divergences(self, episode_id: str) -> int:
@@ -174,8 +195,7 @@ class Endpoint:
         if not isinstance(messages, list) or not messages:
             raise EndpointError("`messages` must be a non-empty list")
         if episode_id is None:
-            raise EndpointError(f"no episode: use an episode's base URL (.../episodes/<id>/v1) or the "
-                                f"{EPISODE_HEADER} header")
+            raise EndpointError(f"no episode: use an episode's base URL (.../episodes/<id>/v1) or the {EPISODE_HEADER} header")
         with self._lock:
             episode = self.episodes.get(episode_id)
             if episode is None and self.auto_open:
@@ -191,14 +211,18 @@ class Endpoint:
             tools = episode.tools or body.get("tools") or None
             episode.renderer = ChatRenderer(self.tokenizer, tools, system=None, chat_template=self.chat_template)
         renderer = episode.renderer
-        extends = (episode.parts and len(normalized) > len(episode.seen)
-                   and normalized[:len(episode.seen)] == episode.seen
-                   and all(m["role"] in ("tool", "user") for m in normalized[len(episode.seen):]))
+        extends = (
+            episode.parts
+            and len(normalized) > len(episode.seen)
+            and normalized[: len(episode.seen)] == episode.seen
+            and all(m["role"] in ("tool", "user") for m in normalized[len(episode.seen) :])
+        )
         if extends:
-            new = self._template_messages(episode, messages[len(episode.seen):])
+            new = self._template_messages(episode, messages[len(episode.seen) :])
             delta = renderer.delta_ids(new)
-            episode.parts[-1].append(Segment(kind="observation", token_ids=delta,
-                                             text=self.tokenizer.decode(delta, skip_special_tokens=False)))
+            episode.parts[-1].append(
+                Segment(kind="observation", token_ids=delta, text=self.tokenizer.decode(delta, skip_special_tokens=False))
+            )
             episode.context += delta
         else:
             if episode.parts:  # the agent's history is not what was recorded: a new part, counted
@@ -206,24 +230,33 @@ class Endpoint:
                 with self._lock:
                     self.stats["divergences"] += 1
             prompt = renderer.prompt_ids(self._template_messages(episode, messages))
-            episode.parts.append([Segment(kind="template", token_ids=prompt,
-                                          text=self.tokenizer.decode(prompt, skip_special_tokens=False))])
+            episode.parts.append(
+                [Segment(kind="template", token_ids=prompt, text=self.tokenizer.decode(prompt, skip_special_tokens=False))]
+            )
             episode.context = list(prompt)
         remaining = self.max_tokens - len(episode.context)
         if remaining <= 0:
             raise EndpointError(f"the episode has used its {self.max_tokens} tokens")
         wanted = body.get("max_completion_tokens") or body.get("max_tokens") or self.sampling.max_new_tokens
-        sampling = self.sampling.model_copy(update={
-            "max_new_tokens": max(1, min(int(wanted), remaining)),
-            **({"temperature": float(body["temperature"])} if body.get("temperature") is not None else {}),
-            **({"top_p": float(body["top_p"])} if body.get("top_p") is not None else {}),
-            **({"seed": int(body["seed"])} if body.get("seed") is not None else {})})
-        gen = asyncio.run_coroutine_threadsafe(self._generate(episode.id, list(episode.context), sampling),
-                                               self._loop).result()
+        sampling = self.sampling.model_copy(
+            update={
+                "max_new_tokens": max(1, min(int(wanted), remaining)),
+                **({"temperature": float(body["temperature"])} if body.get("temperature") is not None else {}),
+                **({"top_p": float(body["top_p"])} if body.get("top_p") is not None else {}),
+                **({"seed": int(body["seed"])} if body.get("seed") is not None else {}),
+            }
+        )
+        gen = asyncio.run_coroutine_threadsafe(self._generate(episode.id, list(episode.context), sampling), self._loop).result()
         ids = list(gen.token_ids)
-        episode.parts[-1].append(Segment(kind="policy", token_ids=ids, logprobs=list(gen.logprobs),
-                                         text=self.tokenizer.decode(ids, skip_special_tokens=False),
-                                         weight_version=gen.weight_version))
+        episode.parts[-1].append(
+            Segment(
+                kind="policy",
+                token_ids=ids,
+                logprobs=list(gen.logprobs),
+                text=self.tokenizer.decode(ids, skip_special_tokens=False),
+                weight_version=gen.weight_version,
+            )
+        )
         episode.context += ids
         finished = bool(ids) and ids[-1] == renderer.eot_id
         if not finished:  # cut off: close the turn so the next delta follows a well-formed chat
@@ -234,11 +267,18 @@ class Endpoint:
         episode.seen = normalized + [normalize(message)]
         episode.turns += 1
         finish = "tool_calls" if message.get("tool_calls") else "stop" if finished else "length"
-        return {"id": f"chatcmpl-{episode.id}-{episode.turns}", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model") or self.policy.name,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": {"prompt_tokens": len(episode.context) - len(ids), "completion_tokens": len(ids),
-                          "total_tokens": len(episode.context)}}
+        return {
+            "id": f"chatcmpl-{episode.id}-{episode.turns}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.policy.name,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": {
+                "prompt_tokens": len(episode.context) - len(ids),
+                "completion_tokens": len(ids),
+                "total_tokens": len(episode.context),
+            },
+        }
 
     async def _generate(self, episode_id: str, context: list[int], sampling: SamplingParams):
         # the episode names the request, as in the rollout runner: a backend keeps the episode's
@@ -257,8 +297,7 @@ class Endpoint:
             for i, call in enumerate(parsed.calls):
                 call_id = f"call_{episode.id}_{episode.turns}_{i}"
                 episode.tool_names[call_id] = call.name
-                calls.append({"id": call_id, "type": "function",
-                              "function": {"name": call.name, "arguments": json.dumps(call.arguments)}})
+                calls.append({"id": call_id, "type": "function", "function": {"name": call.name, "arguments": json.dumps(call.arguments)}})
             message["tool_calls"] = calls
         return message
 
@@ -269,12 +308,13 @@ class Endpoint:
         for m in messages:
             role, content = m.get("role"), _text(m.get("content"))
             if role == "assistant" and m.get("tool_calls"):
-                blocks = [f"{OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': json.loads(c['function'].get('arguments') or '{}')})}\n{CLOSE}"
-                          for c in m["tool_calls"]]
+                blocks = [
+                    f"{OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': json.loads(c['function'].get('arguments') or '{}')})}\n{CLOSE}"
+                    for c in m["tool_calls"]
+                ]
                 content = "\n".join(([content] if content else []) + blocks)
             if role == "tool":
-                out.append({"role": "tool", "name": episode.tool_names.get(m.get("tool_call_id", ""), "tool"),
-                            "content": content})
+                out.append({"role": "tool", "name": episode.tool_names.get(m.get("tool_call_id", ""), "tool"), "content": content})
             elif role in ("system", "user", "assistant"):
                 out.append({"role": role, "content": content})
             else:
@@ -302,8 +342,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/v1/models"):
-                self._reply(200, {"object": "list", "data": [{"id": endpoint.policy.name, "object": "model",
-                                                              "owned_by": "toolgym"}]})
+                self._reply(200, {"object": "list", "data": [{"id": endpoint.policy.name, "object": "model", "owned_by": "toolgym"}]})
             else:
                 self._error(404, f"no route {self.path}")
 
@@ -314,16 +353,14 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                     reward = float(body.get("reward", 0.0))
                     outcome = Outcome(body.get("outcome") or ("passed" if reward >= 1.0 else "failed"))
-                    trajectories = endpoint.close_episode(path[: -len("/close")], reward, outcome,
-                                                          task_id=str(body.get("task_id", "")))
+                    trajectories = endpoint.close_episode(path[: -len("/close")], reward, outcome, task_id=str(body.get("task_id", "")))
                     endpoint.on_close(trajectories)
                     return self._reply(200, {"trajectories": len(trajectories)})
                 except (EndpointError, ValueError, TypeError) as err:
                     return self._error(400, str(err))
             if not path.endswith("/v1/chat/completions"):
                 return self._error(404, f"no route {self.path}: the endpoint serves /v1/chat/completions")
-            episode = path.split("/episodes/", 1)[1].split("/")[0] if "/episodes/" in path else \
-                self.headers.get(EPISODE_HEADER)
+            episode = path.split("/episodes/", 1)[1].split("/")[0] if "/episodes/" in path else self.headers.get(EPISODE_HEADER)
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 if body.get("stream"):

@@ -61,8 +61,10 @@ def cpu_description() -> str:
         pass
     flags = cpu_flags()
     bf16 = [f for f in BF16_FLAGS if f in flags]
-    return (f"{model}, {os.cpu_count()} cores, torch capability {torch.backends.cpu.get_cpu_capability()}"
-            f"{', ' + '+'.join(bf16) if bf16 else ', no bf16 instructions'}")
+    return (
+        f"{model}, {os.cpu_count()} cores, torch capability {torch.backends.cpu.get_cpu_capability()}"
+        f"{', ' + '+'.join(bf16) if bf16 else ', no bf16 instructions'}"
+    )
 
 
 def _matmul_seconds(dtype: torch.dtype, m: int = 32, k: int = 576, n: int = 1536, repeats: int = 20) -> float:
@@ -90,12 +92,16 @@ def cpu_bf16() -> Precision:
     flags = cpu_flags()
     have = [f for f in BF16_FLAGS if f in flags]
     if not have:
-        return Precision("fp32", f"CPU has no bf16 instructions ({torch.backends.cpu.get_cpu_capability()}; "
-                                 "bf16 would be emulated, about 50x slower than fp32)")
+        return Precision(
+            "fp32",
+            f"CPU has no bf16 instructions ({torch.backends.cpu.get_cpu_capability()}; bf16 would be emulated, about 50x slower than fp32)",
+        )
     slower = _matmul_seconds(torch.bfloat16) / max(_matmul_seconds(torch.float32), 1e-9)
     if slower > SLOWER_THAN_FP32:
-        return Precision("fp32", f"CPU flags {'+'.join(have)} but a bf16 matmul ran {slower:.1f}x slower than fp32 "
-                                 "(kernels limited, e.g. ONEDNN_MAX_CPU_ISA)")
+        return Precision(
+            "fp32",
+            f"CPU flags {'+'.join(have)} but a bf16 matmul ran {slower:.1f}x slower than fp32 (kernels limited, e.g. ONEDNN_MAX_CPU_ISA)",
+        )
     return Precision("bf16", f"CPU has {'+'.join(have)}: a bf16 matmul ran {slower:.2f}x the time of fp32")
 
 
@@ -115,8 +121,7 @@ def choose_bf16(setting: str | None, device: torch.device | str) -> Precision:
     return cpu_bf16()
 
 
-def gemm_ceiling(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.5,
-                 threads: int | None = None) -> float:
+def gemm_ceiling(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: float = 1.5, threads: int | None = None) -> float:
     """This machine's matmul throughput in GFLOP/s for `dtype` with `threads` threads (default:
     torch's), on square `size` matrices: the ceiling model-FLOP utilisation is measured against."""
     before = torch.get_num_threads()
@@ -131,7 +136,7 @@ def gemm_ceiling(dtype: torch.dtype = torch.float32, size: int = 1024, seconds: 
         while time.perf_counter() < end:
             start = time.perf_counter()
             a @ b
-            best = max(best, 2 * size ** 3 / (time.perf_counter() - start) / 1e9)
+            best = max(best, 2 * size**3 / (time.perf_counter() - start) / 1e9)
         return best
     finally:
         torch.set_num_threads(before)

@@ -15,14 +15,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import toolgym
-from toolgym.harness.chat import DEFAULT_SYSTEM
+from toolgym.inference.chat import DEFAULT_SYSTEM
 from toolgym.tasks import Task, TaskLoadError, TaskSuite, ToolCall, builtin_suite, suite_specs
-from toolgym.verifiers import FinalState, verifier_for
 
 #: `datasets` split names must be identifiers: toolgym's `held-out` is stored as `held_out`.
 SPLIT_NAMES = {"train": "train", "held-out": "held_out"}
@@ -49,8 +49,16 @@ def tool_schemas(env_id: str) -> str:
 def task_row(task: Task, suite: str, system: str | None = DEFAULT_SYSTEM) -> dict[str, Any]:
     """One dataset row for `task` (no hidden spec, no oracle)."""
     prompt = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": task.instruction}]
-    return {"prompt": prompt, "tools": tool_schemas(task.env_id), "task_id": task.id, "env_id": task.env_id,
-            "suite": suite, "split": task.split, "family": task.family, "difficulty": task.difficulty}
+    return {
+        "prompt": prompt,
+        "tools": tool_schemas(task.env_id),
+        "task_id": task.id,
+        "env_id": task.env_id,
+        "suite": suite,
+        "split": task.split,
+        "family": task.family,
+        "difficulty": task.difficulty,
+    }
 
 
 def suite_to_dataset(suite: TaskSuite, split: str | None = None, system: str | None = DEFAULT_SYSTEM):
@@ -71,8 +79,10 @@ def tasks_from_dataset(rows: Iterable[dict[str, Any]], suite: TaskSuite | None =
         elif name in suite_specs():
             by_id = cache.setdefault(name, {t.id: t for t in builtin_suite(name).tasks})
         else:
-            raise TaskLoadError(f"row {row.get('task_id')!r} names suite {name!r}, which is not registered: "
-                                "pass the suite (TaskSuite.load(...)) to tasks_from_dataset")
+            raise TaskLoadError(
+                f"row {row.get('task_id')!r} names suite {name!r}, which is not registered: "
+                "pass the suite (TaskSuite.load(...)) to tasks_from_dataset"
+            )
         task = by_id.get(row["task_id"])
         if task is None:
             raise TaskLoadError(f"task {row['task_id']!r} is not in suite {name!r} (another version of the suite?)")
@@ -85,8 +95,7 @@ def play_oracle(task: Task, env: Any = None) -> tuple[list[dict[str, Any]], bool
     the verifier passed it; `env` (an environment of the task's env id) is reused if given."""
     own = env is None
     env = toolgym.make(task.env_id).unwrapped if own else env
-    if hasattr(env, "grade_on_submit"):
-        env.grade_on_submit = False
+    env.grade_on_submit = False  # graded once, below
     try:
         env.reset(options={"task": task})
         messages: list[dict[str, Any]] = []
@@ -94,12 +103,16 @@ def play_oracle(task: Task, env: Any = None) -> tuple[list[dict[str, Any]], bool
             if env.done:
                 break
             _, _, _, _, info = env.step([ToolCall(name=call.name, arguments=call.arguments)])
-            messages.append({"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": call.name, "arguments": dict(call.arguments)}}]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"type": "function", "function": {"name": call.name, "arguments": dict(call.arguments)}}],
+                }
+            )
             if not env.done:  # like a rollout: no observation after the call that ended the episode
-                messages += [{"role": "tool", "name": r["name"] or "error", "content": r["content"]}
-                             for r in info["tool_results"]]
-        verdict = verifier_for(task, getattr(env, "sandbox_config", None)).verify(task, FinalState(**env.final_state()))
+                messages += [{"role": "tool", "name": r["name"] or "error", "content": r["content"]} for r in info["tool_results"]]
+        verdict = env.verdict()
         return messages, verdict.passed
     finally:
         if own:
@@ -150,5 +163,13 @@ def write_suite_dataset(suite: TaskSuite, out_dir: str | Path, demos: int = 0) -
     return counts
 
 
-__all__ = ["SPLIT_NAMES", "demonstrations_dataset", "play_oracle", "suite_to_dataset", "task_row",
-           "tasks_from_dataset", "tool_schemas", "write_suite_dataset"]
+__all__ = [
+    "SPLIT_NAMES",
+    "demonstrations_dataset",
+    "play_oracle",
+    "suite_to_dataset",
+    "task_row",
+    "tasks_from_dataset",
+    "tool_schemas",
+    "write_suite_dataset",
+]

@@ -2,10 +2,9 @@
 
 Episodes call `await policy.generate(...)`; requests that arrive while a batch is running are
 gathered into the next batch (one KV cache, preallocated), which runs in a worker thread so the
-event loop keeps stepping environments meanwhile. Throughput grows with concurrency. Each
-episode's keys and values are kept between its turns (`harness/kv_cache.py`), so a turn computes
-only its observation and its own tokens, never the history again; rows that start fresh share
-their common prefix (one forward for the system prompt and tool list).
+event loop keeps stepping environments meanwhile. Each episode's keys and values are kept between
+its turns (`inference/kv_cache.py`), so a turn computes only its observation and its own tokens;
+rows that start fresh share their common prefix (one forward for the system prompt and tool list).
 """
 
 from __future__ import annotations
@@ -13,97 +12,29 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from toolgym.harness.host_memory import release_memory
-from toolgym.harness.kv_cache import CachedEpisode, EpisodeKVStore, buffer_cache, weights_fingerprint
-from toolgym.harness.policy import Generation, PolicyError, SamplingParams, current_episode
-from toolgym.harness.prefix import MIN_SHARED, cache_kwarg, common_prefix_length
-from toolgym.harness.sampling import _MASK32, filter_logits, sample_tokens, uniform_draws  # noqa: F401 (re-exported)
-
-
-#: Decoding continues on the unfinished rows alone once at most this share of the batch's rows
-#: still runs (dropping rows copies the cache, so not after every finished row).
-SHRINK_AT = 0.5
-
-#: The longest a batch waits for live episodes' requests while they keep arriving (`_gather`):
-#: a batch of a hundred rows takes seconds to minutes, a hundred episodes start in well under one.
-GATHER_MAX_S = 2.0
-
-#: A prefill chunk takes rows up to this many times its shortest row's new tokens (see
-#: `HFPolicy._forward_by_length`): padding wastes at most a fifth of a chunk's compute.
-PAD_SLACK = 1.25
-#: Filled share of a batch's KV buffer from which a bf16 CPU decoding step attends over the whole
-#: buffer rather than copying a view of the filled columns (see `kv_cache.BufferLayer`).
-WHOLE_BUFFER_AT = 0.5
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    sampling: SamplingParams
-    future: asyncio.Future
-    episode: str | None  # the rollout runner's episode id: whose cached keys and values to reuse
-
-
-def default_device() -> str:
-    """CUDA when a GPU is present, else CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    """`bf16`/`fp16`/`fp32` (or a torch dtype); default bf16 on CUDA, fp32 elsewhere."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of bf16, fp16, fp32 or auto")
-    return names[dtype]
-
-
-#: Generation checks "every row finished?" on the host once per this many tokens, not per token.
-SYNC_EVERY = 8
-#: Freed memory goes back to the OS once per this many decoded tokens. Each step's logits (rows x
-#: vocabulary, in float32) are freed and allocated anew, and malloc's heap fragments around them:
-#: SmolLM2-135M decoding 64 rows grew 27 MB a token, 2.9 -> 9.9 GB over 256 tokens, while live
-#: objects held 0.7 GB (`bench/host_memory.py`).
-TRIM_EVERY = 16
-
-
-def _kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(layers, key/value heads, head dim) of a decoder's KV cache, from its config."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return config.num_hidden_layers, kv_heads, head_dim
-
-
-@dataclass
-class _Prefill:
-    """A batch after its first forward: the output, the mask and positions, the cache, and where
-    each row's tokens sit in the cache (to store them for the episode's next turn)."""
-
-    out: Any
-    attention: torch.Tensor   # (rows, capacity): 0 on pads; each forward passes the filled columns
-    positions: torch.Tensor   # (rows, new tokens)
-    cache: Any
-    past: list[int]           # cached tokens per row, in columns [0, past)
-    new: list[int]            # the row's own new tokens, right-aligned to `width`
-    width: int                # columns filled by the prompt (past region + new region)
-
-
-@dataclass
-class _Logits:
-    """The part of a model output the decoding loop reads (a deduplicated prefill's copy)."""
-
-    logits: torch.Tensor
+from toolgym.inference.hf_support import (
+    GATHER_MAX_S,
+    PAD_SLACK,
+    SHRINK_AT,
+    SYNC_EVERY,
+    TRIM_EVERY,
+    WHOLE_BUFFER_AT,
+    _kv_shape,
+    _Logits,
+    _Prefill,
+    _Request,
+    default_device,
+    resolve_dtype,
+)
+from toolgym.inference.host_memory import release_memory
+from toolgym.inference.kv_cache import CachedEpisode, EpisodeKVStore, buffer_cache, weights_fingerprint
+from toolgym.inference.policy import Generation, PolicyError, SamplingParams, current_episode
+from toolgym.inference.prefix import MIN_SHARED, cache_kwarg, common_prefix_length
+from toolgym.inference.sampling import _MASK32, filter_logits, sample_tokens, uniform_draws  # noqa: F401 (re-exported)
 
 
 class HFPolicy:
@@ -115,12 +46,20 @@ class HFPolicy:
     at most `max_batch` requests and a KV cache of at most `batch_gb`; more wait for the next.
     """
 
-    def __init__(self, model: str | Any, tokenizer: Any | None = None, device: str | None = None,
-                 dtype: str | torch.dtype | None = None, max_batch: int = 128, name: str | None = None,
-                 cache_gb: float = 4.0, batch_gb: float = 2.0) -> None:
+    def __init__(
+        self,
+        model: str | Any,
+        tokenizer: Any | None = None,
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        max_batch: int = 128,
+        name: str | None = None,
+        cache_gb: float = 4.0,
+        batch_gb: float = 2.0,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from toolgym.harness.pretrained import resolve_model
+        from toolgym.inference.pretrained import resolve_model
 
         device = device or default_device()
         if str(device).startswith("cuda") and not torch.cuda.is_available():
@@ -140,10 +79,10 @@ class HFPolicy:
         self.device = torch.device(device)
         self.dtype = dtype
         # bf16 on a CPU: grouped-query attention as plain matmuls over keys stored transposed
-        # (see harness/cpu_attention.py); SDPA elsewhere
+        # (see inference/cpu_attention.py); SDPA elsewhere
         self._keys_transposed = self.device.type == "cpu" and dtype == torch.bfloat16
         if self._keys_transposed:
-            from toolgym.harness import cpu_attention
+            from toolgym.inference import cpu_attention
 
             self.model.set_attn_implementation(cpu_attention.NAME)
         self.max_batch = max_batch
@@ -232,8 +171,7 @@ class HFPolicy:
         loop = asyncio.get_running_loop()
         started = last_arrival = loop.time()
         seen = len(self._pending)
-        while len(self._pending) < self.max_batch and (
-                len(self._pending) < len(self._live) or (leftovers and self._ended > 0)):
+        while len(self._pending) < self.max_batch and (len(self._pending) < len(self._live) or (leftovers and self._ended > 0)):
             now = loop.time()
             if len(self._pending) != seen:
                 seen, last_arrival = len(self._pending), now
@@ -247,6 +185,7 @@ class HFPolicy:
         `batch_bytes`. Rows of similar length waste less of the cache (every row is as wide as
         the longest) and of each decoding step's attention; the oldest always goes, so none
         waits forever."""
+
         def size(request: _Request) -> int:
             return len(request.prompt) + request.sampling.max_new_tokens
 
@@ -278,8 +217,8 @@ class HFPolicy:
                 batch = self._next_batch()
                 try:
                     results = await asyncio.to_thread(
-                        self.generate_batch, [r.prompt for r in batch], [r.sampling for r in batch],
-                        [r.episode for r in batch])
+                        self.generate_batch, [r.prompt for r in batch], [r.sampling for r in batch], [r.episode for r in batch]
+                    )
                 except Exception as err:  # reported to every waiting episode, never swallowed
                     for r in batch:
                         if not r.future.done():
@@ -298,8 +237,9 @@ class HFPolicy:
 
     def _forward(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any) -> Any:
         # only the last position's logits are sampled from: the LM head skips the others
-        return self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                          logits_to_keep=1, **{cache_kwarg(self.model): cache})
+        return self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kwarg(self.model): cache}
+        )
 
     def _new_cache(self, rows: int, capacity: int) -> Any:
         cache = buffer_cache(rows, _kv_shape(self.model), capacity, self.dtype, self.device, self._keys_transposed)
@@ -334,9 +274,15 @@ class HFPolicy:
         for layer in pre.cache.layers:
             layer.select_rows(index)
         self.kv.deduplicated_tokens += sum(len(prompts[i]) for i in range(len(prompts)) if source[i] != i)
-        return _Prefill(_Logits(pre.out.logits[index]), pre.attention[index], pre.positions[index],
-                        pre.cache, [pre.past[j] for j in index.tolist()], [pre.new[j] for j in index.tolist()],
-                        pre.width)
+        return _Prefill(
+            _Logits(pre.out.logits[index]),
+            pre.attention[index],
+            pre.positions[index],
+            pre.cache,
+            [pre.past[j] for j in index.tolist()],
+            [pre.new[j] for j in index.tolist()],
+            pre.width,
+        )
 
     def _prefill_rows(self, prompts: list[list[int]], entries: list[CachedEpisode | None], max_new: int) -> _Prefill:
         """The first forward of distinct rows. Each row's past comes from its episode's stored
@@ -365,17 +311,18 @@ class HFPolicy:
         pos = torch.zeros((n, width_new), dtype=torch.long)
         for i, p in enumerate(prompts):
             attention[i, : past[i]] = 1
-            attention[i, width - new[i]: width] = 1
-            ids[i, width_new - new[i]:] = torch.tensor(p[past[i]:])
-            pos[i, width_new - new[i]:] = torch.arange(past[i], len(p))
+            attention[i, width - new[i] : width] = 1
+            ids[i, width_new - new[i] :] = torch.tensor(p[past[i] :])
+            pos[i, width_new - new[i] :] = torch.arange(past[i], len(p))
         self.kv.reused_tokens += sum(len(e.tokens) for e in entries if e is not None)
         self.kv.computed_tokens += sum(new) + shared
         attention, ids, pos = attention.to(dev), ids.to(dev), pos.to(dev)
         out = self._forward_by_length(ids, attention, pos, cache, new, width_past)
         return _Prefill(out, attention, pos, cache, past, new, width)
 
-    def _forward_by_length(self, ids: torch.Tensor, attention: torch.Tensor, pos: torch.Tensor, cache: Any,
-                           new: list[int], width_past: int) -> Any:
+    def _forward_by_length(
+        self, ids: torch.Tensor, attention: torch.Tensor, pos: torch.Tensor, cache: Any, new: list[int], width_past: int
+    ) -> Any:
         """The prompts' new tokens through the model, in chunks of rows of similar length.
 
         In one forward every row is padded to the longest prompt: with tool lists of a few
@@ -402,14 +349,17 @@ class HFPolicy:
             rows = torch.tensor(chunk, device=self.device)
             small = self._new_cache(len(chunk), width_past + w)
             for big_layer, layer in zip(cache.layers, small.layers):
-                layer.write(slice(None), big_layer._key_columns(0, width_past)[rows],
-                            big_layer.value_buffer[rows, :, :width_past])
+                layer.write(slice(None), big_layer._key_columns(0, width_past)[rows], big_layer.value_buffer[rows, :, :width_past])
                 layer.advance(width_past)
             cols = torch.cat([torch.arange(width_past), torch.arange(width - w, width)]).to(self.device)
-            out = self._forward(ids[rows, width_new - w:], attention[rows][:, cols], pos[rows, width_new - w:], small)
+            out = self._forward(ids[rows, width_new - w :], attention[rows][:, cols], pos[rows, width_new - w :], small)
             for big_layer, layer in zip(cache.layers, small.layers):
-                big_layer.write(chunk, layer._key_columns(width_past, width_past + w),
-                                layer.value_buffer[:, :, width_past: width_past + w], start=width - w)
+                big_layer.write(
+                    chunk,
+                    layer._key_columns(width_past, width_past + w),
+                    layer.value_buffer[:, :, width_past : width_past + w],
+                    start=width - w,
+                )
             if logits is None:
                 logits = out.logits.new_empty((n, *out.logits.shape[1:]))
             logits[rows] = out.logits
@@ -417,8 +367,16 @@ class HFPolicy:
             layer.advance(width)
         return _Logits(logits)
 
-    def _keep_rows(self, pre: _Prefill, prompts: list[list[int]], keys: list[str | None], tokens: torch.Tensor,
-                   lengths: torch.Tensor, live: torch.Tensor, batch_rows: list[int]) -> None:
+    def _keep_rows(
+        self,
+        pre: _Prefill,
+        prompts: list[list[int]],
+        keys: list[str | None],
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        live: torch.Tensor,
+        batch_rows: list[int],
+    ) -> None:
         """Store the episodes of the cache's rows `batch_rows` (original rows `live[b]`) for their
         next turn: the prompt and every generated token but the last (whose keys were never
         computed)."""
@@ -431,8 +389,9 @@ class HFPolicy:
             cols = torch.cat([torch.arange(pre.past[i]), torch.arange(pre.width - pre.new[i], pre.width + fed)])
             cols = cols.to(self.device)
             rows = [layer.read(b, cols) for layer in pre.cache.layers]
-            self.kv.put(keys[i], CachedEpisode(tokens=prompts[i] + tokens[i, :fed].tolist(),
-                                               keys=[k for k, _ in rows], values=[v for _, v in rows]))
+            self.kv.put(
+                keys[i], CachedEpisode(tokens=prompts[i] + tokens[i, :fed].tolist(), keys=[k for k, _ in rows], values=[v for _, v in rows])
+            )
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Replace the weights (a trainer's push) once the running batch is done; later turns
@@ -441,14 +400,15 @@ class HFPolicy:
             self.model.load_state_dict(state)
             self.version = version
 
-    def generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams],
-                       episodes: list[str | None] | None = None) -> list[Generation]:
+    def generate_batch(
+        self, prompts: list[list[int]], samplings: list[SamplingParams], episodes: list[str | None] | None = None
+    ) -> list[Generation]:
         """Generate completions for several prompts at once (left padding, one KV cache).
 
         `episodes` names the episode of each row (None: not cached between turns). Sampling,
         stop checks and bookkeeping stay on the policy's device; tokens and logprobs are copied
         back once at the end. A row's tokens depend only on its prompt and seed, never on its
-        batch or on what was cached (counter-based draws; see `harness/sampling.py`)."""
+        batch or on what was cached (counter-based draws; see `inference/sampling.py`)."""
         with self._weights_lock:
             fingerprint = weights_fingerprint(self.model)
             if fingerprint != self._fingerprint:  # new weights: every cached key and value is stale
@@ -466,8 +426,7 @@ class HFPolicy:
         return generations
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams],
-                        episodes: list[str | None]) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams], episodes: list[str | None]) -> list[Generation]:
         if not prompts:
             return []
         if min(len(p) for p in prompts) == 0:
@@ -475,8 +434,9 @@ class HFPolicy:
         self.batch_sizes.append(len(prompts))
         dev, n = self.device, len(prompts)
         # a row without a seed asked for fresh randomness: it gets its own, never a fixed default
-        seeds = torch.tensor([s.seed & _MASK32 if s.seed is not None else secrets.randbits(31) for s in samplings],
-                             dtype=torch.long, device=dev)
+        seeds = torch.tensor(
+            [s.seed & _MASK32 if s.seed is not None else secrets.randbits(31) for s in samplings], dtype=torch.long, device=dev
+        )
         temperature = torch.tensor([s.temperature for s in samplings], dtype=torch.float32, device=dev)
         scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
         top_k = torch.tensor([s.top_k for s in samplings], dtype=torch.long, device=dev)
@@ -509,8 +469,7 @@ class HFPolicy:
             tokens[live, step] = tok
             # the logprob under the distribution sampled from, softmax(logits / T), which the
             # trainer recomputes (greedy rows: the model's own)
-            logps[live, step] = torch.log_softmax(logits / scale[live].unsqueeze(1), dim=-1).gather(
-                1, tok.unsqueeze(1)).squeeze(1)
+            logps[live, step] = torch.log_softmax(logits / scale[live].unsqueeze(1), dim=-1).gather(1, tok.unsqueeze(1)).squeeze(1)
             lengths[live] += active.long()
             hit_stop = active & (tok.unsqueeze(1) == stops[live]).any(dim=1)
             stopped[live] |= hit_stop
@@ -535,5 +494,7 @@ class HFPolicy:
         tokens_h, logps_h = tokens.tolist(), logps.tolist()
         lengths_h, stopped_h = lengths.tolist(), stopped.tolist()
         generated = [tokens_h[i][: lengths_h[i]] for i in range(n)]
-        return [Generation(token_ids=generated[i], logprobs=logps_h[i][: lengths_h[i]],
-                           finish_reason="stop" if stopped_h[i] else "length") for i in range(n)]
+        return [
+            Generation(token_ids=generated[i], logprobs=logps_h[i][: lengths_h[i]], finish_reason="stop" if stopped_h[i] else "length")
+            for i in range(n)
+        ]

@@ -14,7 +14,7 @@ speaks sglang's format. Endpoints, with sglang's request and response shapes:
 
 Run one as its own process (what the failover and weight-group tests do):
 
-    python -m toolgym.harness.protocol_server MODEL_DIR [--port N] [--delay-ms MS]
+    python -m toolgym.inference.protocol_server MODEL_DIR [--port N] [--delay-ms MS]
 
 It prints `listening on URL` once it serves. `--delay-ms` holds every generation that long
 (a slow accelerator), so a test can take a server down while turns are in flight.
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from toolgym.harness.policy import SamplingParams
+from toolgym.inference.policy import SamplingParams
 
 # transformers' from_pretrained sets process-wide state while it loads (empty-weight init): two
 # servers in threads of one process (the tests) must not load at once.
@@ -71,8 +71,14 @@ class ProtocolServer:
                 if self.path in ("/health", "/health_generate"):
                     self._send(200, {})
                 elif self.path == "/get_model_info":
-                    self._send(200, {"model_path": getattr(server.policy, "source", None), "is_generation": True,
-                                     "weight_version": server.weight_version})
+                    self._send(
+                        200,
+                        {
+                            "model_path": getattr(server.policy, "source", None),
+                            "is_generation": True,
+                            "weight_version": server.weight_version,
+                        },
+                    )
                 else:
                     self._send(404, {"error": f"no route {self.path}"})
 
@@ -86,12 +92,15 @@ class ProtocolServer:
                 if self.path == "/generate":
                     self._generate(body)
                     return
-                routes = {"/update_weights_from_disk": server._update_from_disk,
-                          "/flush_cache": lambda b: {"success": True},
-                          "/pause_generation": server._pause, "/continue_generation": server._continue,
-                          "/init_weights_update_group": server._init_group,
-                          "/update_weights_from_distributed": server._update_from_group,
-                          "/destroy_weights_update_group": server._destroy_group}
+                routes = {
+                    "/update_weights_from_disk": server._update_from_disk,
+                    "/flush_cache": lambda b: {"success": True},
+                    "/pause_generation": server._pause,
+                    "/continue_generation": server._continue,
+                    "/init_weights_update_group": server._init_group,
+                    "/update_weights_from_distributed": server._update_from_group,
+                    "/destroy_weights_update_group": server._destroy_group,
+                }
                 if self.path not in routes:
                     self._send(404, {"error": f"no route {self.path}"})
                     return
@@ -109,18 +118,26 @@ class ProtocolServer:
                     self._send(400, {"error": "input_ids must be a non-empty list of ints"})
                     return
                 sampling = SamplingParams(
-                    max_new_tokens=sp.get("max_new_tokens", 128), temperature=sp.get("temperature", 1.0),
-                    top_p=sp.get("top_p", 1.0), top_k=max(0, sp.get("top_k", 0) or 0),
-                    stop_token_ids=tuple(sp.get("stop_token_ids") or ()), seed=sp.get("sampling_seed"))
+                    max_new_tokens=sp.get("max_new_tokens", 128),
+                    temperature=sp.get("temperature", 1.0),
+                    top_p=sp.get("top_p", 1.0),
+                    top_k=max(0, sp.get("top_k", 0) or 0),
+                    stop_token_ids=tuple(sp.get("stop_token_ids") or ()),
+                    seed=sp.get("sampling_seed"),
+                )
                 server.running.wait()  # paused for a weight update: wait for /continue_generation
                 time.sleep(server.delay_s)
                 with server.lock:
                     gen = server.policy.generate_batch([ids], [sampling])[0]
                     version = server.weight_version
                 text = server.policy.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-                meta = {"prompt_tokens": len(ids), "completion_tokens": len(gen.token_ids),
-                        "finish_reason": {"type": gen.finish_reason}, "weight_version": version,
-                        "output_token_logprobs": [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]}
+                meta = {
+                    "prompt_tokens": len(ids),
+                    "completion_tokens": len(gen.token_ids),
+                    "finish_reason": {"type": gen.finish_reason},
+                    "weight_version": version,
+                    "output_token_logprobs": [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)],
+                }
                 self._send(200, {"text": text, "output_ids": gen.token_ids, "meta_info": meta})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
@@ -157,12 +174,18 @@ class ProtocolServer:
         return {"success": True, "message": "ok"}
 
     def _init_group(self, body: dict[str, Any]) -> dict[str, Any]:
-        from toolgym.harness.weight_sync import join_weight_group
+        from toolgym.inference.weight_sync import join_weight_group
 
         try:
             self.groups[body["group_name"]] = join_weight_group(
-                body.get("backend", "gloo"), body["master_address"], int(body["master_port"]),
-                int(body["world_size"]), int(body["rank_offset"]), body["group_name"], timeout_s=60)
+                body.get("backend", "gloo"),
+                body["master_address"],
+                int(body["master_port"]),
+                int(body["world_size"]),
+                int(body["rank_offset"]),
+                body["group_name"],
+                timeout_s=60,
+            )
         except Exception as err:
             return {"success": False, "message": f"cannot join the group: {type(err).__name__}: {err}"}
         return {"success": True, "message": "joined"}
@@ -183,14 +206,14 @@ class ProtocolServer:
         return {"success": True, "message": f"updated {len(received)} tensors"}
 
     def _destroy_group(self, body: dict[str, Any]) -> dict[str, Any]:
-        from toolgym.harness.weight_sync import leave_weight_group
+        from toolgym.inference.weight_sync import leave_weight_group
 
         group = self.groups.pop(body.get("group_name", ""), None)
         if group is not None:
             leave_weight_group(group)
         return {"success": True, "message": "left"}
 
-    def __enter__(self) -> "ProtocolServer":
+    def __enter__(self) -> ProtocolServer:
         self.thread.start()
         return self
 
@@ -207,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     """Serve a model directory until killed (see the module docstring)."""
     import argparse
 
-    from toolgym.harness.hf_policy import HFPolicy
+    from toolgym.inference.hf_policy import HFPolicy
 
     parser = argparse.ArgumentParser(description="a test server speaking sglang's /generate protocol")
     parser.add_argument("model", help="a from_pretrained directory")

@@ -23,9 +23,16 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 NAME = "toolgym-gqa"
 
 
-def grouped_query_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
-                            **kwargs) -> tuple[torch.Tensor, None]:
+def grouped_query_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Attention of `query` (B, Hq, q, D) over `key`/`value` (B, Hkv, L, D) with an additive
     mask (B, 1, q, L); returns (B, q, Hq, D) like transformers' attention functions. Several
     queries per row (a prefill) go to SDPA, which never holds a (q x L) score matrix in fp32."""

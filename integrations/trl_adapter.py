@@ -1,7 +1,7 @@
 """Train toolgym environments with TRL: an `environment_factory` for `GRPOTrainer` (TRL 1.16).
 
-    from toolgym.trainers.trl_adapter import environment_factory, prepare_tokenizer
-    from toolgym.harness.datasets import suite_to_dataset
+    from toolgym.integrations.trl_adapter import environment_factory, prepare_tokenizer
+    from toolgym.integrations.datasets import suite_to_dataset
 
     factory = environment_factory("records-v0")
     trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=suite_to_dataset(suite, "train"),
@@ -14,7 +14,7 @@ What the adapter takes care of (the known traps of TRL's experimental environmen
   the only other public names (TRL treats them specially).
 - `reset(**kwargs)` receives every column of the dataset row; it reads `task_id` and plays that
   task (a group's G rollouts share the row, so they share the task).
-- The reward is our verifier's (`verifier_for(task)`: hidden tests, state checker, answer or a
+- The reward is the environment's one grading path (`env.verdict()`: its `grade()`, or hidden tests, state checker, answer or a
   registered scorer) on the episode's final state, less the `SafetyPolicy` penalties for the
   episode's side effects (the ledger's and the verifier's). The final answer is submitted through
   the env's own final tool, so `get_reward` sees it.
@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import toolgym
 from toolgym.envs import InfraError, ToolEnv
 from toolgym.envs.tools import ToolSpec
 from toolgym.sandbox import SafetyPolicy, SideEffect
 from toolgym.tasks import Task, ToolCall, builtin_suite
-from toolgym.verifiers import FinalState, Outcome, Verdict, verifier_for
+from toolgym.verifiers import Outcome, Verdict
 
-_JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list,
-                                "object": dict}
+_JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
 _RESERVED = {"reset", "get_reward"}
 
 
@@ -51,8 +51,7 @@ class TRLEnvironment:
 
     def __init__(self) -> None:
         self._env: ToolEnv = toolgym.make(self.env_id, **self.make_kwargs).unwrapped
-        if hasattr(self._env, "grade_on_submit"):
-            self._env.grade_on_submit = False  # graded once, in get_reward
+        self._env.grade_on_submit = False  # graded once, in get_reward
         self._side_effects: list[dict[str, Any]] = []
         self._infra_error: str | None = None
         #: The last episode's verdict and outcome (for inspection and tests).
@@ -63,8 +62,9 @@ class TRLEnvironment:
         """Start the episode of the row's `task_id` (TRL passes every dataset column here)."""
         task_id = kwargs.get("task_id")
         if task_id is None:
-            raise ValueError("the dataset row has no `task_id` column: build the dataset with "
-                             "toolgym.harness.datasets.suite_to_dataset")
+            raise ValueError(
+                "the dataset row has no `task_id` column: build the dataset with toolgym.integrations.datasets.suite_to_dataset"
+            )
         task = self.tasks_by_id.get(str(task_id))
         if task is None:
             raise ValueError(f"task {task_id!r} is not in the suite of {self.env_id}")
@@ -101,8 +101,7 @@ class TRLEnvironment:
             self.last_outcome = Outcome.INFRA_ERROR
             return None
         try:
-            state = FinalState(**self._env.final_state())
-            verdict = verifier_for(task, getattr(self._env, "sandbox_config", None)).verify(task, state)
+            verdict = self._env.verdict()
         except InfraError:
             self.last_outcome = Outcome.INFRA_ERROR
             return None
@@ -155,8 +154,7 @@ def _tool_method(spec: ToolSpec) -> Callable[..., str]:
     return method
 
 
-def environment_factory(env_id: str, suite: str | None = None, tasks: list[Task] | None = None,
-                        **make_kwargs: Any) -> type[TRLEnvironment]:
+def environment_factory(env_id: str, suite: str | None = None, tasks: list[Task] | None = None, **make_kwargs: Any) -> type[TRLEnvironment]:
     """A zero-argument callable (a class) for `GRPOTrainer(environment_factory=...)`.
 
     `tasks` (default: every task of `suite`, or of the env's default suite) are the tasks the
@@ -177,10 +175,18 @@ def environment_factory(env_id: str, suite: str | None = None, tasks: list[Task]
         raise ValueError(f"{env_id}: tool names {clash} collide with TRL's reserved environment methods")
     methods: dict[str, Any] = {s.name: _tool_method(s) for s in specs}
     name = "TRL_" + "".join(ch if ch.isalnum() else "_" for ch in env_id.split("/")[-1])
-    return type(name, (TRLEnvironment,), {
-        **methods, "__module__": __name__, "env_id": env_id, "make_kwargs": dict(make_kwargs),
-        "tasks_by_id": {t.id: t for t in tasks},
-        "__doc__": f"toolgym `{env_id}` for TRL's environment_factory (tools: {', '.join(methods)})."})
+    return type(
+        name,
+        (TRLEnvironment,),
+        {
+            **methods,
+            "__module__": __name__,
+            "env_id": env_id,
+            "make_kwargs": dict(make_kwargs),
+            "tasks_by_id": {t.id: t for t in tasks},
+            "__doc__": f"toolgym `{env_id}` for TRL's environment_factory (tools: {', '.join(methods)}).",
+        },
+    )
 
 
 def prepare_tokenizer(tokenizer: Any) -> Any:

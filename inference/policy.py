@@ -31,8 +31,9 @@ class Generation(BaseModel):
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length", "abort"] = "stop"
-    weight_version: int | None = Field(default=None, description="the policy's weight version when the "
-                                       "turn was sampled (None: the backend does not say)")
+    weight_version: int | None = Field(
+        default=None, description="the policy's weight version when the turn was sampled (None: the backend does not say)"
+    )
 
 
 #: The episode a `generate` call belongs to, set by the rollout runner for the episode's task.

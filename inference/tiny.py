@@ -13,11 +13,20 @@ import json
 import shutil
 from pathlib import Path
 
-from toolgym.harness.chat import load_template
+from toolgym.inference.chat import load_template
 from toolgym.sandbox.fs import publish, staging_name
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
-                  "<tool_response>", "</tool_response>", "<think>", "</think>"]
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]
 DEFAULT_DIR = Path.home() / ".cache" / "toolgym" / "tiny-policy-v1"
 
 
@@ -39,8 +48,9 @@ def _corpus(limit: int = 600) -> list[str]:
     return texts
 
 
-def build_tiny_policy(out_dir: str | Path = DEFAULT_DIR, vocab_size: int = 1024, hidden: int = 64,
-                      layers: int = 2, seed: int = 0, overwrite: bool = False) -> Path:
+def build_tiny_policy(
+    out_dir: str | Path = DEFAULT_DIR, vocab_size: int = 1024, hidden: int = 64, layers: int = 2, seed: int = 0, overwrite: bool = False
+) -> Path:
     """Train the tokenizer, initialise the model, `save_pretrained` both to `out_dir`; returns it.
 
     Cached: an existing complete directory is reused unless `overwrite`.
@@ -63,20 +73,34 @@ def build_tiny_policy(out_dir: str | Path = DEFAULT_DIR, vocab_size: int = 1024,
     bpe = Tokenizer(models.BPE(unk_token=None))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     bpe.train_from_iterator(_corpus(), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:], clean_up_tokenization_spaces=False)
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        clean_up_tokenization_spaces=False,
+    )
     tokenizer.chat_template = load_template("qwen2.5")
     tokenizer.save_pretrained(out)
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32")
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
     with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from toolgym.harness.sglang_client import SGLangPolicy
+from toolgym.inference.sglang_client import SGLangPolicy
 
 
 def free_port() -> int:
@@ -28,23 +28,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def join_weight_group(backend: str, master_address: str, master_port: int, world_size: int, rank: int,
-                      group_name: str, timeout_s: float = 300.0) -> Any:
+def join_weight_group(
+    backend: str, master_address: str, master_port: int, world_size: int, rank: int, group_name: str, timeout_s: float = 300.0
+) -> Any:
     """Join (rank 0: create) the weight-update process group; returns the process group."""
     import inspect
 
     from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     timeout = timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                              timeout=timeout))
+    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
     # the options argument was renamed across torch versions
-    options = "backend_options" if "backend_options" in inspect.signature(_new_process_group_helper).parameters \
-        else "pg_options"
-    group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
-                                         timeout=timeout, **{options: None})
+    options = "backend_options" if "backend_options" in inspect.signature(_new_process_group_helper).parameters else "pg_options"
+    group, _ = _new_process_group_helper(
+        world_size, rank, [], Backend(backend), store, group_name=group_name, timeout=timeout, **{options: None}
+    )
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return group
 
@@ -62,8 +62,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 class WeightBroadcaster:
     """The trainer's side of distributed weight updates to every server of an `SGLangPolicy`."""
 
-    def __init__(self, policy: SGLangPolicy, backend: str = "nccl", master_address: str = "127.0.0.1",
-                 master_port: int | None = None, group_name: str = "toolgym-weights") -> None:
+    def __init__(
+        self,
+        policy: SGLangPolicy,
+        backend: str = "nccl",
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        group_name: str = "toolgym-weights",
+    ) -> None:
         self.policy = policy
         self.backend = backend
         self.master_address = master_address
@@ -77,11 +83,11 @@ class WeightBroadcaster:
         joined: dict[str, Any] = {}
 
         async def join() -> None:
-            joined["group"] = await asyncio.to_thread(join_weight_group, self.backend, self.master_address,
-                                                      self.master_port, world, 0, self.group_name)
+            joined["group"] = await asyncio.to_thread(
+                join_weight_group, self.backend, self.master_address, self.master_port, world, 0, self.group_name
+            )
 
-        await self.policy.init_weights_update_group(self.master_address, self.master_port, self.group_name,
-                                                    self.backend, join=join())
+        await self.policy.init_weights_update_group(self.master_address, self.master_port, self.group_name, self.backend, join=join())
         self.group = joined["group"]
 
     async def push(self, state: dict[str, torch.Tensor], version: int) -> None:
@@ -96,8 +102,13 @@ class WeightBroadcaster:
                 torch.distributed.broadcast(t, src=0, group=self.group)
 
         await self.policy.update_weights_from_distributed(
-            names, [dtype_name(t.dtype) for t in tensors], [list(t.shape) for t in tensors], self.group_name,
-            broadcast=asyncio.to_thread(send), version=version)
+            names,
+            [dtype_name(t.dtype) for t in tensors],
+            [list(t.shape) for t in tensors],
+            self.group_name,
+            broadcast=asyncio.to_thread(send),
+            version=version,
+        )
 
     async def close(self) -> None:
         """Servers leave the group; this process tears it down."""

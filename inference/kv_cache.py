@@ -33,15 +33,16 @@ class BufferLayer(DynamicLayer):
     columns than are filled. Measured on SmolLM2-135M, 64 BFCL prompts, greedy, bf16 on AVX-512:
     decode 91-94 ms per step against 102 ms over the whole buffer, the same tokens. It grows
     (doubling) if a caller writes past the capacity. With `keys_transposed` the keys are stored
-    as (rows, heads, dim, capacity), so the matmul of `harness/cpu_attention.py` reads them as
+    as (rows, heads, dim, capacity), so the matmul of `inference/cpu_attention.py` reads them as
     they are."""
 
     #: transformers must always build the mask for one-token forwards (it skips it for
     #: "compileable" caches only): rows are left-padded, so the mask is never all ones.
     is_compileable = True
 
-    def __init__(self, rows: int, heads: int, dim: int, capacity: int, dtype: torch.dtype, device: torch.device,
-                 keys_transposed: bool = False) -> None:
+    def __init__(
+        self, rows: int, heads: int, dim: int, capacity: int, dtype: torch.dtype, device: torch.device, keys_transposed: bool = False
+    ) -> None:
         super().__init__()
         self.keys_transposed = keys_transposed
         key_shape = (rows, heads, dim, capacity) if keys_transposed else (rows, heads, capacity, dim)
@@ -86,7 +87,7 @@ class BufferLayer(DynamicLayer):
         start + n) of `rows`, without moving the cache's length (a past loaded from elsewhere)."""
         n = keys.shape[-2]
         self._key_columns(start, start + n)[rows] = keys
-        self.value_buffer[rows, :, start: start + n] = values
+        self.value_buffer[rows, :, start : start + n] = values
 
     def read(self, row: int, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of one row's keys and values at `cols`, each (heads, len(cols), dim)."""
@@ -107,8 +108,7 @@ class BufferLayer(DynamicLayer):
     def _whole_buffer(self, query_length: int) -> bool:
         """Whether a forward of `query_length` new tokens attends over the whole buffer."""
         filled = self.length + query_length
-        return (query_length == 1 and self.whole_buffer_at > 0 and filled <= self.capacity
-                and filled >= self.whole_buffer_at * self.capacity)
+        return query_length == 1 and self.whole_buffer_at > 0 and filled <= self.capacity and filled >= self.whole_buffer_at * self.capacity
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append `key_states`/`value_states` (batch, heads, q, head_dim) in place; return the
@@ -118,7 +118,7 @@ class BufferLayer(DynamicLayer):
         if self.length + q > self.capacity:
             self._grow(self.length + q)
         self._key_columns(self.length, self.length + q)[:] = key_states
-        self.value_buffer[:, :, self.length: self.length + q] = value_states
+        self.value_buffer[:, :, self.length : self.length + q] = value_states
         self.length += q
         self._views()
         if whole:
@@ -141,12 +141,12 @@ class BufferLayer(DynamicLayer):
         return -1
 
 
-def buffer_cache(rows: int, shape: tuple[int, int, int], capacity: int, dtype: torch.dtype, device: torch.device,
-                 keys_transposed: bool = False) -> Cache:
+def buffer_cache(
+    rows: int, shape: tuple[int, int, int], capacity: int, dtype: torch.dtype, device: torch.device, keys_transposed: bool = False
+) -> Cache:
     """A transformers `Cache` of `BufferLayer`s; `shape` is (layers, kv heads, head dim)."""
     layers, heads, dim = shape
-    return Cache(layers=[BufferLayer(rows, heads, dim, capacity, dtype, device, keys_transposed)
-                         for _ in range(layers)])
+    return Cache(layers=[BufferLayer(rows, heads, dim, capacity, dtype, device, keys_transposed) for _ in range(layers)])
 
 
 @dataclass

@@ -12,7 +12,7 @@ prefix from every row.
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return _cache_kwarg_of(type(base))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cache_kwarg_of(cls: type) -> str:  # per class: forward passes ask on every call
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
@@ -40,16 +40,14 @@ def shared_prefix_length(ids: torch.Tensor, attention: torch.Tensor) -> int:
     return int(differ[0]) if len(differ) else int(ids.shape[1])
 
 
-def prefix_cache(model: torch.nn.Module, prefix: torch.Tensor, rows: int,
-                 logits: bool = True) -> tuple[torch.Tensor, Any]:
+def prefix_cache(model: torch.nn.Module, prefix: torch.Tensor, rows: int, logits: bool = True) -> tuple[torch.Tensor, Any]:
     """Run `prefix` (1, L) once; returns its logits (1, L, V; only the last position's when
     `logits` is False) and a KV cache repeated for `rows`."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
     keep = {} if logits else {"logits_to_keep": 1}
-    out = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
-                **{cache_kwarg(model): cache}, **keep)
+    out = model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True, **{cache_kwarg(model): cache}, **keep)
     cache.batch_repeat_interleave(rows)
     return out.logits, cache
 
@@ -67,8 +65,7 @@ def kept_logits(model: torch.nn.Module, keep: torch.Tensor | None, **inputs: Any
     return logits.reshape(-1, logits.shape[-1])
 
 
-def forward_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
-                   keep: torch.Tensor | None = None) -> torch.Tensor:
+def forward_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Logits (B, T, V) of a right-padded batch, with the rows' shared prefix computed once; with
     `keep` (bool, B x T), only the kept positions' logits, (N, V) in row-major order."""
     rows, width = ids.shape
@@ -78,8 +75,7 @@ def forward_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.T
     need_head = keep is None or bool(keep[:, :shared].any())
     head, cache = prefix_cache(model, ids[:1, :shared], rows, logits=need_head)
     pos = torch.arange(shared, width, device=ids.device).unsqueeze(0).expand(rows, -1)
-    tail_inputs = dict(input_ids=ids[:, shared:], attention_mask=attention, position_ids=pos, use_cache=True,
-                       **{cache_kwarg(model): cache})
+    tail_inputs = dict(input_ids=ids[:, shared:], attention_mask=attention, position_ids=pos, use_cache=True, **{cache_kwarg(model): cache})
     if keep is not None and not need_head:  # every kept position is in the rows' own tokens
         return kept_logits(model, keep[:, shared:], **tail_inputs)
     full = torch.cat([head.expand(rows, -1, -1), model(**tail_inputs).logits], dim=1)
@@ -97,5 +93,4 @@ def common_prefix_length(prompts: list[list[int]]) -> int:
     return int(differ[0]) if len(differ) else shortest - 1
 
 
-__all__ = ["MIN_SHARED", "cache_kwarg", "common_prefix_length", "forward_logits", "kept_logits", "prefix_cache",
-           "shared_prefix_length"]
+__all__ = ["MIN_SHARED", "cache_kwarg", "common_prefix_length", "forward_logits", "kept_logits", "prefix_cache", "shared_prefix_length"]

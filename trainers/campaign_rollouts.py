@@ -1,0 +1,171 @@
+"""Where a campaign's rollouts come from: the policy it builds, the environments, agents and
+limits of its episodes, the weights rollouts sample with and how new weights reach them.
+
+`RolloutSide` is a part of `Campaign` (trainers/campaign.py), kept here so each file has one job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import toolgym
+from toolgym.envs import full_id
+from toolgym.harness import RolloutLimits, RolloutRunner, SamplingParams, TokenAgent
+from toolgym.harness.trajectory import Trajectory
+from toolgym.inference.hf_policy import HFPolicy
+from toolgym.sandbox import SandboxConfig
+from toolgym.tasks import Task
+from toolgym.trainers.config import CampaignConfig, EnvMix, EvalSuite
+from toolgym.trainers.ray_backend import ray_runner, start_ray
+
+
+def build_policy(config: CampaignConfig) -> HFPolicy:
+    """The policy to train: the tiny model toolgym builds (sized by the config), or any HF model."""
+    settings = config.model
+    if settings.init == "tiny":
+        from toolgym.inference.tiny import DEFAULT_DIR, build_tiny_policy
+
+        t = settings.tiny
+        path = build_tiny_policy(
+            DEFAULT_DIR.with_name(f"tiny-policy-v1-h{t.hidden}-l{t.layers}-v{t.vocab}"),
+            vocab_size=t.vocab,
+            hidden=t.hidden,
+            layers=t.layers,
+            seed=config.seed,
+        )
+        return HFPolicy(str(path), device=settings.device, dtype=settings.dtype, name="tiny")
+    return HFPolicy(settings.init, device=settings.device, dtype=settings.dtype)
+
+
+def allocate(n: int, weights: list[float]) -> list[int]:
+    """Split `n` tasks by weight (largest remainder; every env gets one when n allows)."""
+    w = np.array(weights, dtype=float) / sum(weights)
+    counts = np.floor(w * n).astype(int)
+    if n >= len(weights):
+        counts = np.maximum(counts, 1)
+    while counts.sum() < n:
+        counts[int(np.argmax(w * n - counts))] += 1
+    while counts.sum() > n:
+        counts[int(np.argmax(counts))] -= 1
+    return counts.tolist()
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts, before any training on them."""
+
+    step: int
+    chosen: list[tuple[str, Task]]
+    trajectories: list[Trajectory]
+    started: float
+    seconds: float
+    extra: dict[str, Any]
+
+
+def episode_seed(seed: int, step: int, index: int) -> int:
+    """The env/sampling seed of task `index` at `step`: new samples every step, identical on resume."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{index}".encode()).digest()[:4], "little")
+
+
+class RolloutSide:
+    """The campaign's rollout side (a part of `Campaign`: it reads the campaign's attributes)."""
+
+    @staticmethod
+    def _sandbox_config(mix: EnvMix) -> SandboxConfig:
+        return SandboxConfig.model_validate(mix.sandbox or {})
+
+    def make_env(self, env_id: str):
+        """An environment for `env_id` with the campaign's sandbox settings for it."""
+        for mix in [*self.config.envs, *self.config.eval.suites]:
+            if full_id(mix.env) == env_id and mix.sandbox is not None:
+                return toolgym.make(mix.env, sandbox=mix.sandbox).unwrapped
+        return toolgym.make(env_id).unwrapped
+
+    def agent(self, temperature: float, policy: Any = None) -> TokenAgent:
+        """A token agent on `policy` (default: the training model, which samples with the current
+        weights)."""
+        r = self.config.rollout
+        default = self._copy.policy if self._copy is not None else self.policy
+        return TokenAgent(
+            policy or default, self.tokenizer, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p)
+        )
+
+    def limits(self, evaluation: bool = False, suite: EvalSuite | None = None) -> RolloutLimits:
+        """Per-episode limits of the campaign (of its evaluations with `evaluation`; of the
+        evaluation-only `suite`, its own turns and tokens per episode)."""
+        r = self.config.rollout
+        if suite is not None:
+            return RolloutLimits(
+                max_turns=suite.max_turns,
+                max_new_tokens_per_turn=r.max_new_tokens,
+                max_total_tokens=suite.max_total_tokens or r.max_total_tokens,
+            )
+        turns = (self.config.eval.max_turns if evaluation else None) or r.max_turns
+        return RolloutLimits(max_turns=turns, max_new_tokens_per_turn=r.max_new_tokens, max_total_tokens=r.max_total_tokens)
+
+    def weights(self) -> Any:
+        """Where rollouts sample from (see `trainers/inference.py`), chosen by the config."""
+        if self._weights is None:
+            from toolgym.trainers import inference
+
+            r = self.config.rollout
+            if r.servers:
+                backend = "nccl" if self.policy.device.type == "cuda" else "gloo"
+                self._weights = inference.ServerWeights(r.servers, r.weight_sync, self.run_dir / "weights", self.tokenizer, backend)
+            elif r.backend == "ray":
+                from toolgym.harness.ray_pool import serve_policy
+
+                start_ray(r.ray)
+                self._weights = inference.ActorWeights(
+                    serve_policy(self.policy.source, self.config.model.device or "cpu", self.config.model.dtype)
+                )
+            elif self._copy is not None:  # several training processes: rank 0's copy samples
+                self._weights = self._copy
+            elif r.max_staleness > 0:  # the learner updates its model while rollouts sample
+                self._weights = inference.CopiedWeights(self.policy)
+            else:
+                self._weights = inference.SharedWeights(self.policy)
+        return self._weights
+
+    def publish(self, version: int) -> None:
+        """Send the current weights to the rollout policy as `version` (RL updates applied).
+        Several training processes: gathered from them first, and rank 0's copy refreshed."""
+        if self.world == 1:
+            if self._copy is not None:  # the sampling copy (another dtype); also serves evaluation
+                self._copy.push(self.policy.model, version)
+            if self.weights() is not self._copy:
+                self.weights().push(self.policy.model, version)
+        else:
+            state = self.trainer.run("weights")
+            assert self._copy is not None
+            self._copy.push(self.policy.model, version, state)
+            if self.weights() is not self._copy:  # servers or a Ray actor: from the (plain) copy
+                self.weights().push(self._copy.policy.model, version, state)
+        self._published = True
+
+    def runner(self) -> Any:
+        """The rollout runner (environments pooled across steps): local, or Ray environment
+        workers (`rollout.backend: ray`)."""
+        if self._runner is None:
+            r = self.config.rollout
+            agent = self.agent(r.temperature, self.weights().policy)
+            if r.backend == "ray":
+                handle = getattr(self.weights(), "handle", None)  # a PolicyActor, unless servers serve
+                self._runner = ray_runner(self.config, agent, self.policy.source, self.limits(), handle)
+            else:
+                self._runner = RolloutRunner(
+                    self.make_env,
+                    agent,
+                    group_size=self.config.rl.group_size,
+                    concurrency=r.concurrency,
+                    limits=self.limits(),
+                    progress=self.progress,
+                )
+        return self._runner
+
+
+__all__ = ["RolloutBatch", "RolloutSide", "allocate", "build_policy", "episode_seed"]
