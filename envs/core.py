@@ -41,6 +41,42 @@ class StateNotJSON(TypeError):
     memory address, which would make a same-seed determinism check fail for no visible reason)."""
 
 
+#: Attributes every ToolEnv sets on itself: a tool method of one of these names would be hidden by them.
+RESERVED_ATTRIBUTES = frozenset(
+    {
+        "task",
+        "tasks",
+        "turn",
+        "done",
+        "submitted",
+        "grade_on_submit",
+        "error_counts",
+        "tool_call_count",
+        "transcript",
+        "max_turns",
+        "render_mode",
+        "observation_space",
+        "action_space",
+        "np_random",
+        "spec",
+        "tools",
+    }
+)
+
+
+def _check_tool_names(cls: type, tools: dict[str, ToolSpec]) -> None:
+    """Refuse a tool method that an attribute of every environment would hide."""
+    from toolgym.envs.tools import ToolDefinitionError
+
+    for spec in tools.values():
+        if spec.method in RESERVED_ATTRIBUTES:
+            raise ToolDefinitionError(
+                f"{cls.__qualname__}.{spec.method}: ToolEnv keeps self.{spec.method} for itself, which "
+                f"would hide the tool method; name the method otherwise and keep the tool's name with "
+                f'@tool(name="{spec.method}")'
+            )
+
+
 def _check_grading(cls: type) -> None:
     """Refuse, at class definition, a way of grading `verdict()` cannot honour."""
     grade = cls.__dict__.get("grade")
@@ -84,6 +120,7 @@ class ToolEnv(gym.Env[str, Any]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._tools = collect_tools(cls)  # fails here, at class definition, if a tool is malformed
+        _check_tool_names(cls, cls._tools)
         _check_grading(cls)
 
     def __init__(
