@@ -221,3 +221,35 @@ def mined(tmp_path_factory):
         write_header(out, "tiny-mined", "0", reports)
         done.write_bytes(pickle.dumps(reports))
     return out, reports
+
+
+#: The fast tier (`pytest -m "not slow"`): test files that need no docker and train no model.
+#: Every other file's tests are marked `slow` here, so a new file is slow until it is listed.
+FAST_FILES = {
+    "test_core_algos.py",
+    "test_learner_math.py",
+    "test_rewards.py",
+    "test_tasks.py",
+    "test_tools.py",
+    "test_env_api.py",
+    "test_env_step.py",
+    "test_grading_path.py",
+    "test_sampler.py",
+    "test_template_check.py",
+    "test_trajectory_mask.py",
+    "test_report.py",
+    "test_prefix.py",
+    "test_judge.py",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark every test outside `FAST_FILES` as `slow` (and docker's as `docker` too)."""
+    import pytest
+
+    for item in items:
+        name = item.path.name
+        if name not in FAST_FILES:
+            item.add_marker(pytest.mark.slow)
+        if "docker" in name or "docker" in item.keywords.get("backend", ""):
+            item.add_marker(pytest.mark.docker)
