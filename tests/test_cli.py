@@ -114,7 +114,7 @@ def _readme_example() -> str:
 def test_readme_example_registers_and_passes_check(tmp_path):
     code = _readme_example()
     body = [ln for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    assert len(body) <= 36, f"the README example has {len(body)} lines of code"
+    assert len(body) <= 40, f"the README example has {len(body)} lines of code"
     assert code.strip() == (ROOT / "examples" / "convert_env.py").read_text().strip(), (
         "the README example and examples/convert_env.py differ"
     )
