@@ -22,6 +22,7 @@ tool that fails becomes an observation saying what went wrong, counted in `info[
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections import Counter
 from collections.abc import Iterable
@@ -31,7 +32,7 @@ import gymnasium as gym
 
 from toolgym.envs.parsing import ERROR_CLASSES, CallError, coerce_action
 from toolgym.envs.spaces import TextSpace
-from toolgym.envs.tools import InfraError, ToolArgumentError, ToolError, ToolSpec, collect_tools
+from toolgym.envs.tools import InfraError, ToolArgumentError, ToolDefinitionError, ToolError, ToolSpec, collect_tools
 from toolgym.tasks import Task, TaskSuite, ToolCall
 from toolgym.verifiers import FinalState, Outcome, Verdict, verifier_for
 
@@ -66,8 +67,6 @@ RESERVED_ATTRIBUTES = frozenset(
 
 def _check_tool_names(cls: type, tools: dict[str, ToolSpec]) -> None:
     """Refuse a tool method that an attribute of every environment would hide."""
-    from toolgym.envs.tools import ToolDefinitionError
-
     for spec in tools.values():
         if spec.method in RESERVED_ATTRIBUTES:
             raise ToolDefinitionError(
@@ -81,8 +80,6 @@ def _check_grading(cls: type) -> None:
     """Refuse, at class definition, a way of grading `verdict()` cannot honour."""
     grade = cls.__dict__.get("grade")
     if grade is not None:
-        import inspect
-
         if inspect.iscoroutinefunction(grade):
             raise TypeError(
                 f"{cls.__qualname__}.grade is a coroutine; write `def grade(self) -> float` (it runs in a worker thread, so it may block)"

@@ -9,102 +9,17 @@ import json
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import ROOT, run_cli
+from grading_envs import STATE_TASK, CounterEnv, SumEnv, _answer_task, _counter_task
 
 import toolgym
 from toolgym.envs.checker import run_episode
 from toolgym.envs.core import StateNotJSON
 from toolgym.harness import RolloutRunner, evaluate
 from toolgym.sandbox import SafetyPolicy
-from toolgym.tasks import GeneratorError, HiddenSpec, SuiteSpec, Task, ToolCall, builtin_suite, register_suite
+from toolgym.tasks import GeneratorError, SuiteSpec, Task, ToolCall, builtin_suite, register_suite
 from toolgym.trainers.core_algos import grpo_advantages
 from toolgym.trainers.rewards import shaped_reward, trained_reward
-
-# ---- three environments, one per way of grading ------------------------------------------------
-
-
-def _counter_task(target: int, split: str = "train") -> Task:
-    # the hidden answer says "never": an evaluation that ignored grade() would fail every episode
-    return Task(
-        env_id="toolgym/gp-counter-v0",
-        instruction=f"Add numbers until the total is {target}, then call done.",
-        family="counter",
-        split=split,
-        data={"target": target},
-        hidden=HiddenSpec(kind="answer", answer="never"),
-        oracle=(ToolCall(name="add", arguments={"n": target}), ToolCall(name="done", arguments={})),
-    )
-
-
-@toolgym.register_env("gp-counter-v0", tasks=lambda seed, index, split: _counter_task(3 + index, split))
-class CounterEnv(toolgym.ToolEnv):
-    """Graded by its own grade(): the total the agent reached against the task's target."""
-
-    max_turns = 4
-
-    def load_task(self, task):
-        self.total = 0
-
-    @toolgym.tool
-    def add(self, n: int) -> str:
-        """Add n to the running total."""
-        self.total += n
-        return str(self.total)
-
-    @toolgym.tool(name="done", final=True)
-    def finish(self) -> str:
-        """Finish."""
-        return "done"
-
-    def grade(self) -> float:
-        return 1.0 if self.total == self.task.data["target"] else 0.25 * (self.total > 0)
-
-
-def _answer_task(a: int, b: int, split: str = "train") -> Task:
-    return Task(
-        instruction=f"What is {a} + {b}? Submit it.",
-        family="sum",
-        split=split,
-        hidden=HiddenSpec(kind="answer", answer=str(a + b), match="numeric"),
-        oracle=(ToolCall(name="submit_sum", arguments={"value": a + b}),),
-    )
-
-
-@toolgym.register_env("gp-sum-v0", tasks=lambda seed, index, split: _answer_task(index, 2 * index, split))
-class SumEnv(toolgym.ToolEnv):
-    """Graded by the hidden answer (the default verifier of an `answer` spec)."""
-
-    max_turns = 3
-
-    @toolgym.tool(submits="value")
-    def submit_sum(self, value: int) -> None:
-        """Submit the sum; ends the episode."""
-
-
-CHECK = """import json, sys
-out = open(sys.argv[1], "w")
-try:
-    got = open("greeting.txt").read()
-except OSError:
-    got = None
-out.write(json.dumps({"name": "greeting", "passed": got == "hello"}) + "\\n")
-"""
-
-STATE_TASK = Task(
-    env_id="toolgym/gp-state-v0",
-    instruction="Create greeting.txt containing exactly 'hello', then submit.",
-    family="files",
-    workspace={"notes.txt": "x\n"},
-    hidden=HiddenSpec(kind="state", files={"check.py": CHECK}),
-    oracle=(ToolCall(name="write_file", arguments={"path": "greeting.txt", "content": "hello"}), ToolCall(name="submit", arguments={})),
-)
-
-
-class StateEnv(toolgym.SandboxEnv):
-    """Graded by a hidden state checker in a clean sandbox (the default verifier of a `state` spec)."""
-
-
-toolgym.register_env("gp-state-v0", StateEnv)
 
 
 class Scripted:
@@ -179,40 +94,19 @@ def test_check_eval_and_a_grpo_step_agree_on_every_episode_for_every_kind_of_gra
 
 
 def test_toolgym_eval_grades_an_environment_that_overrides_grade_by_its_grade(tmp_path):
-    source = tmp_path / "counter_env.py"
-    source.write_text('''
-import toolgym
-from toolgym.tasks import HiddenSpec, Task, ToolCall
-
-
-def generate(seed, index, split):
-    return Task(instruction=f"Reach {index + 1}.", family="c", split=split, data={"target": index + 1},
-                hidden=HiddenSpec(kind="answer", answer="never"),
-                oracle=(ToolCall(name="add", arguments={"n": index + 1}), ToolCall(name="done", arguments={})))
-
-
-@toolgym.register_env("evalcounter-v0", tasks=generate, train_size=4, heldout_size=4)
-class EvalCounter(toolgym.ToolEnv):
-    """Graded by grade() alone."""
-
-    def load_task(self, task):
-        self.total = 0
-
-    @toolgym.tool
-    def add(self, n: int) -> str:
-        """Add n."""
-        self.total += n
-        return str(self.total)
-
-    @toolgym.tool(name="done", final=True)
-    def finish(self) -> str:
-        """Finish."""
-        return "done"
-
-    def grade(self) -> float:
-        return float(self.total == self.task.data["target"])
-''')
-    out = run_cli("--import", str(source), "eval", "--policy", "oracle", "--suite", "evalcounter", "--out", str(tmp_path / "ev"))
+    out = run_cli(
+        "--import",
+        str(ROOT / "tests" / "grading_envs.py"),
+        "eval",
+        "--policy",
+        "oracle",
+        "--suite",
+        "gp-counter",
+        "--tasks",
+        "4",
+        "--out",
+        str(tmp_path / "ev"),
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert report["overall"]["pass_at"]["1"]["value"] == 1.0  # the hidden answer "never" would give 0.0
