@@ -425,7 +425,8 @@ def test_leaky_held_out_items_are_replaced():
     register_suite(
         SuiteSpec(
             name="test-leaky-all",
-            generator=lambda s, i, split="train": gen(s, i % 5, "train"),
+            # every held-out task is a train task (same content, same id) placed in held-out
+            generator=lambda s, i, split="train": gen(s, i % 5, "train").with_split(split),
             train_size=5,
             heldout_size=3,
             drop_heldout_leaks=True,
