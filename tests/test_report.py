@@ -43,3 +43,27 @@ def test_headline_pairs_final_with_sft_and_with_base_on_the_tasks_base_saw(tmp_p
     assert line.startswith("records held-out pass@1: base 0.000 -> SFT 0.000 -> final 1.000 (final - SFT +100.0")
     assert "final - base +100.0 points" in line and "paired on 4 episodes" in line
     assert "final - base (paired)" in (tmp_path / "report.md").read_text()
+
+
+def test_the_report_shows_per_step_and_suite_which_families_had_a_gradient(tmp_path):
+    row = {
+        "kind": "train",
+        "step": 1,
+        "reward_mean": 0.5,
+        "pass_rate": 0.5,
+        "by_suite": {
+            "mcp-inventory": {
+                "episodes": 4,
+                "pass_rate": 0.25,
+                "turns_mean": 3.5,
+                "side_effect_episodes": 0.25,
+                "trained_token_share": 0.3,
+                "groups_by_family": {"mcp-inventory/ship": {"groups": 2, "with_gradient": 1}},
+            }
+        },
+    }
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Per step and suite" in report
+    assert "| 1 | mcp-inventory | 0.250 | 3.5 | 25.0% | 30.0% | mcp-inventory/ship 1/2 |" in report

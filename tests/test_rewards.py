@@ -89,3 +89,30 @@ def test_groups_with_an_infra_error_are_broken_and_equal_rewards_carry_no_gradie
     assert informative_groups(trajs, [t.reward for t in trajs]) == ["a"]
     # shaped rewards decide, not the verdicts: a priced side effect splits an all-pass group
     assert informative_groups(trajs, [1.0, 0.0, 1.0, 0.25, 1.0, 0.0, 0.0, 0.0]) == ["a", "b"]
+
+
+def test_a_steps_metrics_per_suite_count_groups_with_a_gradient_per_family_and_the_trained_token_share():
+    from toolgym.harness.trajectory import TurnRecord
+    from toolgym.trainers.step_metrics import suite_metrics
+
+    def episode(task, group, reward, family, turns, effects=()):
+        t = _traj(group, reward, Outcome.PASSED if reward == 1.0 else Outcome.FAILED, effects, policy_tokens=3)
+        t.task_id, t.family = task, family
+        t.segments = [Segment(kind="template", token_ids=[0] * 5), *t.segments, Segment(kind="observation", token_ids=[0] * 2)]
+        t.turns = [TurnRecord() for _ in range(turns)]
+        return t
+
+    trajs = [
+        episode("a", "ga", 1.0, "inv/ship", 2),
+        episode("a", "ga", 0.0, "inv/ship", 4),  # a gradient
+        episode("b", "gb", 0.0, "inv/exact", 3, [{"kind": "network_attempt", "step": 1}]),
+        episode("b", "gb", 0.0, "inv/exact", 3),
+        episode("c", "gc", 1.0, "simple", 1),
+        episode("c", "gc", 1.0, "simple", 1),
+    ]
+    out = suite_metrics(trajs, [t.reward for t in trajs], {"a": "inventory", "b": "inventory", "c": "bfcl"})
+    inv, bfcl = out["inventory"], out["bfcl"]
+    assert inv["groups_by_family"] == {"inv/exact": {"groups": 1, "with_gradient": 0}, "inv/ship": {"groups": 1, "with_gradient": 1}}
+    assert bfcl["groups_by_family"] == {"simple": {"groups": 1, "with_gradient": 0}}
+    assert inv["turns_mean"] == 3.0 and inv["pass_rate"] == 0.25 and inv["side_effect_episodes"] == 0.25
+    assert inv["trained_token_share"] == 3 / 10  # 3 policy tokens of 5 template + 3 + 2 observation

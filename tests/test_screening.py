@@ -10,7 +10,8 @@ import toolgym
 from toolgym.tasks import builtin_suite
 from toolgym.trainers.batching import pack
 from toolgym.trainers.campaign import Campaign
-from toolgym.trainers.config import load_config
+from toolgym.trainers.checkpoint import MetricsLog
+from toolgym.trainers.config import ConfigError, load_config
 
 
 def test_the_sft_anchor_replays_the_sft_demonstrations_drawn_by_step(tmp_path):
@@ -217,3 +218,54 @@ def test_the_screen_scores_references_with_the_sampling_model_and_keeps_the_most
         assert screen.references[broken.id] is None
     finally:
         campaign.close()
+
+
+def test_a_suite_learned_from_its_reward_alone_is_neither_demonstrated_nor_screened(tmp_path):
+    """`envs[i].demonstrations: false`: SFT shows only the other suites, and the draw takes that
+    suite's tasks from the sampler as they come (no reference solution scored), while the
+    demonstrated suite is still screened."""
+    envs = [
+        {"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 40, "eval_tasks": 2},
+        {
+            "env": "mcp-inventory-v0",
+            "suite": "mcp-inventory",
+            "weight": 1,
+            "train_tasks": 40,
+            "eval_tasks": 2,
+            "demonstrations": False,
+            "sandbox": {"backend": "bwrap"},
+        },
+    ]
+    cfg = load_config(
+        _write(
+            tmp_path,
+            _small_config(
+                tmp_path,
+                {
+                    "envs": envs,
+                    "sft": {"steps": 1, "batch_size": 2, "demos_per_suite": 4},
+                    "sampler": {"screen": 2},
+                    "rl": {"steps": 1, "tasks_per_step": 4, "group_size": 2, "dynamic_sampling": 0},
+                },
+            ),
+        )
+    )
+    campaign = Campaign(cfg, progress=False)
+    try:
+        campaign.run_dir.mkdir(parents=True, exist_ok=True)
+        campaign.metrics = MetricsLog(campaign.run_dir)
+        demos = campaign.demonstrations()
+        assert len(demos) == 4 and {d.env_id for d in demos} == {"toolgym/records-v0"}
+        chosen = campaign.draw()
+        assert sorted(s for s, _ in chosen) == ["mcp-inventory"] * 2 + ["records"] * 2
+        # only the records candidates were scored: 2 tasks x 2 candidates
+        assert campaign._screen_stats["screen_candidates"] == 4
+        assert not any(task_id in campaign._screen.references for task_id in campaign.train_tasks["mcp-inventory"])
+    finally:
+        campaign.close()
+
+
+def test_demonstrations_are_needed_where_sft_runs(tmp_path):
+    envs = [{"env": "records-v0", "suite": "records", "demonstrations": False}]
+    with pytest.raises(ConfigError, match="every env has demonstrations: false"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"envs": envs})))

@@ -32,7 +32,7 @@ from toolgym.envs import full_id
 from toolgym.harness import RolloutRunner
 from toolgym.harness.trajectory import Trajectory, write_jsonl
 from toolgym.inference.hardware import Precision, choose_bf16, cpu_description
-from toolgym.inference.hf_policy import HFPolicy, resolve_dtype
+from toolgym.inference.hf_policy import resolve_dtype
 from toolgym.inference.host_memory import memory_fields
 from toolgym.sandbox import SafetyPolicy
 from toolgym.tasks import Task, builtin_suite
@@ -51,7 +51,7 @@ from toolgym.trainers.rewards import broken_groups, groups_of, informative_group
 from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.trainers.screening import ReferenceScreen
 from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_learning_rate, sft_progress, train_families
-from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics
+from toolgym.trainers.step_metrics import rollout_metrics, staleness_metrics, suite_metrics
 from toolgym.verifiers import Outcome
 
 
@@ -284,12 +284,14 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
         release_memory()
 
     def demonstrations(self) -> list[Trajectory]:
-        """The oracle demonstrations of the first `sft.demos_per_suite` train tasks of every suite,
+        """The oracle demonstrations of the first `sft.demos_per_suite` train tasks of every suite
+        with `demonstrations` on,
         played and checked once (logged as the `oracle` row), then kept. A resumed run replays
         them (the anchor needs them) but its log already has the row: it is not logged twice."""
         if self.demos is None:
+            shown = {mix.suite: self.train_tasks[mix.suite] for mix in self.config.envs if mix.demonstrations}
             self.demos, checks = oracle_demonstrations(
-                self.train_tasks,
+                shown,
                 self.config.sft.demos_per_suite,
                 self.tokenizer,
                 self.make_env,
@@ -329,59 +331,14 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
             for mix, n_env in zip(self.config.envs, counts):
                 sampler = self.samplers[mix.suite]
                 quotas = sampler.family_quotas(n_env, self.rng, exclude) if s.stratify else {None: n_env}
-                drawn = {family: sampler.draw(quota * factor, self.rng, exclude, family) for family, quota in quotas.items()}
-                if factor > 1:
+                # a suite never demonstrated is never screened by its reference solutions either
+                screen = factor if mix.demonstrations else 1
+                drawn = {family: sampler.draw(quota * screen, self.rng, exclude, family) for family, quota in quotas.items()}
+                if screen > 1:
                     drawn = self.screened(mix.suite, drawn, quotas)
                 suite_tasks = self.train_tasks[mix.suite]
                 chosen += [(mix.suite, suite_tasks[task_id]) for ids in drawn.values() for task_id in ids]
         return chosen
-
-    def screened(self, suite: str, drawn: dict[str | None, list[str]], quotas: dict[str | None, int]) -> dict[str | None, list[str]]:
-        """Each family's candidates (`drawn`; one family, None, unless the draw is stratified) cut
-        to its quota: the ones whose reference solutions, scored by the sampling policy in one
-        pass, predict the most reward variance (`sampler.screen`, trainers/screening.py); adds to
-        the step's screen metrics."""
-        over = [task_id for family, ids in drawn.items() if len(ids) > quotas[family] for task_id in ids]
-        if not over:
-            return drawn
-        start = time.perf_counter()
-        if self._screen is None:
-            self._screen = ReferenceScreen(
-                self.tokenizer, self.make_env, self.config.rollout.concurrency, declines=self.config.sampler.screen_declines
-            )
-            # the SFT stage already played these tasks' oracles: their demonstrations are the references
-            self._screen.references.update({d.task_id: d for d in self.demos or []})
-        tasks = [self.train_tasks[suite][i] for i in over]
-        predicted = self._screen.predicted_pass_rates(
-            self.screen_model(),
-            tasks,
-            self.policy.pad_id,
-            self.config.rollout.max_total_tokens,
-            temperature=self.config.rollout.temperature,
-        )
-        sampler = self.samplers[suite]
-        kept = {
-            family: sampler.keep_screened(ids, quotas[family], predicted) if len(ids) > quotas[family] else ids
-            for family, ids in drawn.items()
-        }
-        stats = self._screen_stats
-        stats["screen_candidates"] = stats.get("screen_candidates", 0) + len(over)
-        stats["screen_scored"] = stats.get("screen_scored", 0) + len(predicted)
-        stats["screen_seconds"] = stats.get("screen_seconds", 0.0) + time.perf_counter() - start
-        kept_predictions = [predicted[i] for ids in kept.values() for i in ids if i in predicted]
-        if kept_predictions:  # the mean over every screen of the step (dynamic sampling screens again)
-            before, mean = stats.get("screen_kept", 0), stats.get("screen_kept_predicted_pass", 0.0)
-            stats["screen_kept"] = before + len(kept_predictions)
-            stats["screen_kept_predicted_pass"] = (mean * before + sum(kept_predictions)) / stats["screen_kept"]
-        return kept
-
-    def screen_model(self) -> torch.nn.Module:
-        """The model whose probabilities the screen reads: the one rollouts sample from when it is
-        local, else the trained weights (the same version once published)."""
-        policy = getattr(self.weights(), "policy", None)
-        if isinstance(policy, HFPolicy):
-            return policy.model
-        return (self._copy.policy if self._copy is not None else self.policy).model
 
     def rl_step(self) -> dict[str, Any]:
         """One synchronous campaign step (see the module docstring); returns its metrics."""
@@ -447,6 +404,7 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
         keep = [i for g, idx in groups.items() if g not in broken and g not in stale for i in idx]
         metrics: dict[str, Any] = rollout_metrics(trajs, rewards, t_rollout, broken)
         metrics["tasks"] = [t.id for t in tasks]
+        metrics["by_suite"] = suite_metrics(trajs, rewards, suite_of)
         metrics.update(batch.extra)
         metrics.update(staleness_metrics(trajs, self.step - 1, sum(len(groups[g]) for g in stale)))
         train_metrics: dict[str, Any] = {}

@@ -1,5 +1,6 @@
 """Where a campaign's rollouts come from: the policy it builds, the environments, agents and
-limits of its episodes, the weights rollouts sample with and how new weights reach them.
+limits of its episodes, the screen that keeps the most learnable of the drawn tasks, the weights
+rollouts sample with and how new weights reach them.
 
 `RolloutSide` is a part of `Campaign` (trainers/campaign.py), kept here so each file has one job.
 """
@@ -7,10 +8,12 @@ limits of its episodes, the weights rollouts sample with and how new weights rea
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 import toolgym
 from toolgym.envs import full_id
@@ -21,6 +24,7 @@ from toolgym.sandbox import SandboxConfig
 from toolgym.tasks import Task
 from toolgym.trainers.config import CampaignConfig, EnvMix, EvalSuite
 from toolgym.trainers.ray_backend import ray_runner, start_ray
+from toolgym.trainers.screening import ReferenceScreen
 
 
 def build_policy(config: CampaignConfig) -> HFPolicy:
@@ -166,6 +170,53 @@ class RolloutSide:
                     progress=self.progress,
                 )
         return self._runner
+
+    def screened(self, suite: str, drawn: dict[str | None, list[str]], quotas: dict[str | None, int]) -> dict[str | None, list[str]]:
+        """Each family's candidates (`drawn`; one family, None, unless the draw is stratified) cut
+        to its quota: the ones whose reference solutions, scored by the sampling policy in one
+        pass, predict the most reward variance (`sampler.screen`, trainers/screening.py); adds to
+        the step's screen metrics."""
+        over = [task_id for family, ids in drawn.items() if len(ids) > quotas[family] for task_id in ids]
+        if not over:
+            return drawn
+        start = time.perf_counter()
+        if self._screen is None:
+            self._screen = ReferenceScreen(
+                self.tokenizer, self.make_env, self.config.rollout.concurrency, declines=self.config.sampler.screen_declines
+            )
+            # the SFT stage already played these tasks' oracles: their demonstrations are the references
+            self._screen.references.update({d.task_id: d for d in self.demos or []})
+        tasks = [self.train_tasks[suite][i] for i in over]
+        predicted = self._screen.predicted_pass_rates(
+            self.screen_model(),
+            tasks,
+            self.policy.pad_id,
+            self.config.rollout.max_total_tokens,
+            temperature=self.config.rollout.temperature,
+        )
+        sampler = self.samplers[suite]
+        kept = {
+            family: sampler.keep_screened(ids, quotas[family], predicted) if len(ids) > quotas[family] else ids
+            for family, ids in drawn.items()
+        }
+        stats = self._screen_stats
+        stats["screen_candidates"] = stats.get("screen_candidates", 0) + len(over)
+        stats["screen_scored"] = stats.get("screen_scored", 0) + len(predicted)
+        stats["screen_seconds"] = stats.get("screen_seconds", 0.0) + time.perf_counter() - start
+        kept_predictions = [predicted[i] for ids in kept.values() for i in ids if i in predicted]
+        if kept_predictions:  # the mean over every screen of the step (dynamic sampling screens again)
+            before, mean = stats.get("screen_kept", 0), stats.get("screen_kept_predicted_pass", 0.0)
+            stats["screen_kept"] = before + len(kept_predictions)
+            stats["screen_kept_predicted_pass"] = (mean * before + sum(kept_predictions)) / stats["screen_kept"]
+        return kept
+
+    def screen_model(self) -> torch.nn.Module:
+        """The model whose probabilities the screen reads: the one rollouts sample from when it is
+        local, else the trained weights (the same version once published)."""
+        policy = getattr(self.weights(), "policy", None)
+        if isinstance(policy, HFPolicy):
+            return policy.model
+        return (self._copy.policy if self._copy is not None else self.policy).model
 
 
 __all__ = ["RolloutBatch", "RolloutSide", "allocate", "build_policy", "episode_seed"]

@@ -66,6 +66,12 @@ class EnvMix(_Strict):
     sandbox: dict[str, Any] | None = Field(default=None, description="SandboxConfig fields for sandboxed envs")
     train_tasks: int = Field(default=0, ge=0, description="use the first N train tasks (0 = all)")
     eval_tasks: int = Field(default=0, ge=0, description="evaluate on the first N held-out tasks (0 = all)")
+    demonstrations: bool = Field(
+        default=True,
+        description="SFT (and rl.sft_anchor) show this suite's oracle solutions; false: the suite is learned from its "
+        "reward alone, and its tasks are never screened by their reference solutions either (sampler.screen): "
+        "the sampler's own pass-rate estimates draw them",
+    )
 
 
 class SFTSettings(_Strict):
@@ -286,6 +292,11 @@ class CampaignConfig(_Strict):
             raise ValueError(f"rl.learner.loss {self.rl.learner.loss!r}: use one of {', '.join(core_algos.POLICY_LOSSES)}")
         if self.rl.learner.agg is not None and self.rl.learner.agg not in core_algos.AGGREGATIONS:
             raise ValueError(f"rl.learner.agg {self.rl.learner.agg!r}: use one of {', '.join(core_algos.AGGREGATIONS)}")
+        if (self.sft.steps > 0 or self.rl.sft_anchor > 0) and not any(mix.demonstrations for mix in self.envs):
+            raise ValueError(
+                "sft.steps / rl.sft_anchor need demonstrations, and every env has demonstrations: false; "
+                "set sft.steps: 0 and rl.sft_anchor: 0, or let one env be demonstrated"
+            )
         trained = {mix.suite for mix in self.envs}
         for extra in self.eval.suites:
             if extra.suite in trained:

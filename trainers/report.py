@@ -259,6 +259,31 @@ def curve_table(train: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def suite_table(train: list[dict[str, Any]]) -> list[str]:
+    """Per RL step and suite: pass rate, turns, episodes with a side effect, the trained share of
+    the tokens, and per family the groups played and those with a gradient (`by_suite`)."""
+    rows = [(r["step"], suite, m) for r in train for suite, m in (r.get("by_suite") or {}).items()]
+    if not rows:
+        return []
+    lines = [
+        "## Per step and suite",
+        "",
+        "Groups: per family, groups with a gradient / groups played (a group has a gradient when its "
+        "episodes' trained rewards differ and none hit an infra or verifier error). Trained tokens: "
+        "the share of the episodes' tokens the loss sees (the policy's own; template and tool output masked).",
+        "",
+        "| step | suite | pass rate | turns | side-effect episodes | trained tokens | groups with a gradient, per family |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for step, suite, m in rows:
+        families = ", ".join(f"{f} {c['with_gradient']}/{c['groups']}" for f, c in m["groups_by_family"].items())
+        lines.append(
+            f"| {step} | {suite} | {m['pass_rate']:.3f} | {m['turns_mean']:.1f} | {m['side_effect_episodes']:.1%} | "
+            f"{m['trained_token_share']:.1%} | {families} |"
+        )
+    return lines + [""]
+
+
 def audit_indices(rewards: list[float], per_kind: int = 2, seed: int = 0) -> tuple[list[int], list[int]]:
     """(the `per_kind` highest-reward indices, `per_kind` more drawn at random from the rest):
     one step's audit sample, the same in audit.md and in `toolgym view`."""
@@ -410,7 +435,7 @@ def write_report(run_dir: str | Path) -> dict[str, Any]:
                 f"`metrics.jsonl` record it as `rss_gb` / `peak_rss_gb`).",
                 "",
             ]
-        lines += curve_table(train)
+        lines += curve_table(train) + suite_table(train)
         samplers = {k: v for k, v in last.items() if k.startswith("sampler/")}
         if samplers:
             lines += [

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from toolgym.harness.trajectory import Trajectory
+from toolgym.trainers.rewards import groups_of, informative_groups
 from toolgym.verifiers import Outcome
 
 
@@ -45,6 +46,33 @@ def rollout_metrics(trajs: list[Trajectory], rewards: list[float], seconds: floa
     }
 
 
+def suite_metrics(trajs: list[Trajectory], rewards: list[float], suite_of: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """One step's rollouts per suite (`suite_of`: task id -> suite): pass rate, turns per episode,
+    the share of episodes with a side effect, the share of the episodes' tokens that were trained
+    (the policy's own; template and observation tokens are masked), and per family how many GRPO
+    groups were played and how many had a gradient (not broken, trained rewards not all equal)."""
+    live = set(informative_groups(trajs, rewards))
+    out: dict[str, dict[str, Any]] = {}
+    for suite in dict.fromkeys(suite_of.get(t.task_id, "?") for t in trajs):
+        idx = [i for i, t in enumerate(trajs) if suite_of.get(t.task_id, "?") == suite]
+        mine = [trajs[i] for i in idx]
+        tokens = sum(len(t.token_ids) for t in mine)
+        families: dict[str, list[int]] = {}
+        for group, members in groups_of(mine).items():
+            counts = families.setdefault(mine[members[0]].family or "?", [0, 0])
+            counts[0] += 1
+            counts[1] += group in live
+        out[suite] = {
+            "episodes": len(mine),
+            "pass_rate": sum(t.outcome == Outcome.PASSED for t in mine) / max(1, len(mine)),
+            "turns_mean": float(np.mean([len(t.turns) for t in mine])),
+            "side_effect_episodes": sum(bool(t.side_effects) for t in mine) / max(1, len(mine)),
+            "trained_token_share": sum(sum(t.loss_mask) for t in mine) / max(1, tokens),
+            "groups_by_family": {f: {"groups": c[0], "with_gradient": c[1]} for f, c in sorted(families.items())},
+        }
+    return out
+
+
 def staleness_metrics(trajs: list[Trajectory], current_version: int, dropped: int) -> dict[str, Any]:
     """How many weight versions behind the learner (`current_version`) the rollouts' oldest turns
     were, and how many trajectories were dropped for it."""
@@ -56,4 +84,4 @@ def staleness_metrics(trajs: list[Trajectory], current_version: int, dropped: in
     }
 
 
-__all__ = ["rollout_metrics", "staleness_metrics"]
+__all__ = ["rollout_metrics", "staleness_metrics", "suite_metrics"]

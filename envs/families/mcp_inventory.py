@@ -95,7 +95,9 @@ def generate_mcp_inventory_task(seed: int, index: int, split: str = "train") -> 
             diff = n - stock[item]
             calls.append(ToolCall(name="add_stock" if diff > 0 else "remove_stock", arguments={"item": item, "quantity": abs(diff)}))
         sentences.append(WORDING[key][kind].format(n=n, item=item))
-    instruction = " ".join(sentences) + " The inventory is kept by the `inventory` tools; call `submit` when the stock is right."
+    # the tools are listed below the instruction by their own names (an earlier wording spoke of
+    # "the `inventory` tools", and models called a tool named `inventory`, which does not exist)
+    instruction = " ".join(sentences) + " Change the stock with the tools listed below; call `submit` when the stock is right."
     spec = {"files": {"inventory.json": stock_text(final)}, "strip": False}
     return Task(
         env_id="toolgym/mcp-inventory-v0",
