@@ -269,3 +269,9 @@ def test_demonstrations_are_needed_where_sft_runs(tmp_path):
     envs = [{"env": "records-v0", "suite": "records", "demonstrations": False}]
     with pytest.raises(ConfigError, match="every env has demonstrations: false"):
         load_config(_write(tmp_path, _small_config(tmp_path, {"envs": envs})))
+
+
+def test_an_env_of_weight_zero_is_demonstrated_but_one_env_must_be_drawn(tmp_path):
+    envs = [{"env": "records-v0", "suite": "records", "weight": 0}]
+    with pytest.raises(ConfigError, match="every weight is 0"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"envs": envs})))

@@ -202,6 +202,7 @@ def test_an_evaluation_only_suite_is_evaluated_under_its_own_budget_and_never_tr
 
 def test_allocation_by_weight():
     assert allocate(8, [3, 1]) == [6, 2] and allocate(3, [1, 1, 1]) == [1, 1, 1] and sum(allocate(7, [5, 1])) == 7
+    assert allocate(8, [1, 0, 1]) == [4, 0, 4] and allocate(1, [0, 1]) == [0, 1]  # weight 0: demonstrated, never drawn
 
 
 def _train_until(config_path, steps_done, run_dir):

@@ -46,11 +46,12 @@ def build_policy(config: CampaignConfig) -> HFPolicy:
 
 
 def allocate(n: int, weights: list[float]) -> list[int]:
-    """Split `n` tasks by weight (largest remainder; every env gets one when n allows)."""
+    """Split `n` tasks by weight (largest remainder; every env of positive weight gets one when n
+    allows; an env of weight 0 gets none: it is demonstrated and evaluated, never drawn)."""
     w = np.array(weights, dtype=float) / sum(weights)
     counts = np.floor(w * n).astype(int)
-    if n >= len(weights):
-        counts = np.maximum(counts, 1)
+    if n >= int((w > 0).sum()):
+        counts = np.where(w > 0, np.maximum(counts, 1), 0)
     while counts.sum() < n:
         counts[int(np.argmax(w * n - counts))] += 1
     while counts.sum() > n:

@@ -62,7 +62,9 @@ class EnvMix(_Strict):
 
     env: str = Field(description="registered env id, e.g. records-v0")
     suite: str = Field(description="registered suite name, e.g. records")
-    weight: float = Field(default=1.0, gt=0)
+    weight: float = Field(
+        default=1.0, ge=0, description="its share of each RL batch; 0: never drawn for RL (demonstrated and evaluated only)"
+    )
     sandbox: dict[str, Any] | None = Field(default=None, description="SandboxConfig fields for sandboxed envs")
     train_tasks: int = Field(default=0, ge=0, description="use the first N train tasks (0 = all)")
     eval_tasks: int = Field(default=0, ge=0, description="evaluate on the first N held-out tasks (0 = all)")
@@ -297,6 +299,8 @@ class CampaignConfig(_Strict):
                 "sft.steps / rl.sft_anchor need demonstrations, and every env has demonstrations: false; "
                 "set sft.steps: 0 and rl.sft_anchor: 0, or let one env be demonstrated"
             )
+        if not any(mix.weight > 0 for mix in self.envs):
+            raise ValueError("envs: every weight is 0, so RL would draw no task; give one env a positive weight")
         trained = {mix.suite for mix in self.envs}
         for extra in self.eval.suites:
             if extra.suite in trained:
