@@ -6,7 +6,7 @@ May import `toolgym.tasks`, `toolgym.sandbox` and `toolgym.verifiers` (which gra
 from toolgym.envs import families  # noqa: F401,E402  (registers the built-in environments)
 from toolgym.envs.core import ToolEnv
 from toolgym.envs.parsing import ERROR_CLASSES, CallError, ParsedAction, coerce_action, parse_tool_calls
-from toolgym.envs.registry import EnvInfo, full_id, import_source, make, register_env, registered
+from toolgym.envs.registry import EnvInfo, env_info, full_id, import_source, make, register_env, registered
 from toolgym.envs.sandbox_env import SandboxEnv
 from toolgym.envs.spaces import TextSpace
 from toolgym.envs.tools import InfraError, ToolArgumentError, ToolDefinitionError, ToolError, ToolSpec, tool
@@ -16,6 +16,7 @@ __all__ = [
     "CallError",
     "SandboxEnv",
     "EnvInfo",
+    "env_info",
     "ParsedAction",
     "TextSpace",
     "ToolArgumentError",

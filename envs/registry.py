@@ -30,6 +30,8 @@ class EnvInfo:
     entry_point: str
     suite: str | None
     description: str
+    #: its episodes run in a sandbox, whose side effects are recorded (a `SandboxEnv`)
+    sandboxed: bool = False
 
 
 _ENVS: dict[str, EnvInfo] = {}
@@ -88,7 +90,8 @@ def register_env(
         gym.register(id=fid, entry_point=target, kwargs=env_kwargs, disable_env_checker=True)
         ep = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
         doc = "" if isinstance(target, str) else (target.__doc__ or "").strip().split("\n")[0]
-        _ENVS[fid] = EnvInfo(fid, ep, suite or getattr(target, "default_suite", None), doc)
+        sandboxed = isinstance(target, type) and bool(getattr(target, "runs_in_sandbox", False))
+        _ENVS[fid] = EnvInfo(fid, ep, suite or getattr(target, "default_suite", None), doc, sandboxed)
         return target
 
     return do(entry_point) if entry_point is not None else do
@@ -98,6 +101,12 @@ def registered() -> list[EnvInfo]:
     """Every registered toolgym environment, sorted by id (plugins loaded first)."""
     load_plugins()
     return [_ENVS[k] for k in sorted(_ENVS)]
+
+
+def env_info(env_id: str) -> EnvInfo | None:
+    """The registered toolgym environment `env_id` (`records-v0` or `toolgym/records-v0`), or None."""
+    load_plugins()
+    return _ENVS.get(full_id(env_id))
 
 
 def make(env_id: str, **kwargs: Any) -> gym.Env:

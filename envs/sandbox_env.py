@@ -34,6 +34,8 @@ class SandboxEnv(ToolEnv):
     """A ToolEnv whose episode state is a sandboxed workspace."""
 
     max_turns = 30
+    #: Read by the registry (`EnvInfo.sandboxed`): reports show this env's side-effect rates.
+    runs_in_sandbox = True
     #: Cap on command output shown to the agent per stream.
     max_output_chars = 4000
 

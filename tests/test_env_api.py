@@ -18,6 +18,14 @@ def test_registered_under_toolgym_namespace():
     assert isinstance(env.unwrapped, toolgym.ToolEnv)
 
 
+def test_the_registry_knows_which_envs_run_in_a_sandbox():
+    from toolgym.envs import env_info
+
+    assert env_info("mcp-inventory-v0").sandboxed and env_info("toolgym/shell-ops-v0").sandboxed
+    assert not env_info("records-v0").sandboxed and not env_info("bfcl-v0").sandboxed
+    assert env_info("nope-v0") is None
+
+
 def test_make_unknown_id_lists_known_ones():
     with pytest.raises(gymnasium.error.UnregisteredEnv, match="registered: .*toolgym/records-v0"):
         toolgym.make("nope-v0")

@@ -275,3 +275,16 @@ def test_an_env_of_weight_zero_is_demonstrated_but_one_env_must_be_drawn(tmp_pat
     envs = [{"env": "records-v0", "suite": "records", "weight": 0}]
     with pytest.raises(ConfigError, match="every weight is 0"):
         load_config(_write(tmp_path, _small_config(tmp_path, {"envs": envs})))
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "records.yaml", "mcp_reward_sft.yaml", "mcp_reward_rl.yaml"])
+def test_every_shipped_campaign_config_is_valid(name):
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / name)
+    drawn = [mix for mix in config.envs if mix.weight > 0]
+    assert drawn and all(toolgym.envs.env_info(mix.env) is not None for mix in config.envs)
+    # the reward-only family is never demonstrated and is drawn for RL
+    if name.startswith("mcp_reward"):
+        inventory = next(mix for mix in config.envs if mix.suite == "mcp-inventory")
+        assert not inventory.demonstrations and inventory.weight > 0

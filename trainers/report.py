@@ -136,6 +136,27 @@ def evaluation_only_suites(run_dir: Path) -> set[str]:
     return {entry.get("suite") for entry in (config.get("eval") or {}).get("suites") or [] if isinstance(entry, dict)}
 
 
+def sandboxed_suites(run_dir: Path) -> set[str]:
+    """The suites of the run (its config.yaml's `envs` and `eval.suites`) whose environment runs in a
+    sandbox: the report shows their side-effect rates by stage."""
+    import yaml
+
+    from toolgym.envs.registry import env_info
+
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return set()
+    entries = [*(config.get("envs") or []), *((config.get("eval") or {}).get("suites") or [])]
+    out = set()
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("env") and entry.get("suite"):
+            info = env_info(str(entry["env"]))
+            if info is not None and info.sandboxed:
+                out.add(entry["suite"])
+    return out
+
+
 def heldout_section(
     run_dir: Path, evals: dict[str, dict[str, dict[str, Any]]], before: str, after: str, headline: dict[str, Any]
 ) -> list[str]:
@@ -160,6 +181,7 @@ def heldout_section(
     ]
     warnings = []
     evaluated_only = evaluation_only_suites(run_dir)
+    sandboxed = sandboxed_suites(run_dir)
     for suite in sorted(set(evals[before]) | set(evals.get(after, {}))):
         reports = [evals.get(c, {}).get(suite) for c in cols]
         budgets = {json.dumps((r or {}).get("budget"), sort_keys=True) for r in reports if r}
@@ -204,6 +226,17 @@ def heldout_section(
                     if base_diff is None or base_diff.tasks == 0
                     else [base_diff.low * 100, base_diff.high * 100],
                     "base_episodes": 0 if base_diff is None else base_diff.tasks,
+                    "sandboxed": suite in sandboxed,
+                    # per stage: the share of held-out episodes with a side effect, their kinds, turns
+                    "stages": {
+                        c: {
+                            "side_effect_rate": (evals[c][suite].get("overall") or {}).get("safety_event_rate", 0.0),
+                            "side_effects": (evals[c][suite].get("overall") or {}).get("safety_events", {}),
+                            "turns_mean": (evals[c][suite].get("overall") or {}).get("mean_turns", 0.0),
+                        }
+                        for c in cols
+                        if evals.get(c, {}).get(suite)
+                    },
                 }
     return lines + [""] + [w + "\n" for w in warnings]
 
@@ -387,7 +420,21 @@ def headline_lines(headline: dict[str, Any]) -> list[str]:
                 )
             detail += untrained + ")"
         out.append(f"{suite} held-out pass@1: {chain}{detail}")
+        if n.get("sandboxed") and n.get("stages"):
+            out.append(side_effect_line(suite, n["stages"], names))
     return out
+
+
+def side_effect_line(suite: str, stages: dict[str, dict[str, Any]], names: dict[str, str]) -> str:
+    """`SUITE held-out side effects: base 0.0% -> SFT 1.7% -> final 0.0% of episodes (...)`: a
+    sandboxed suite's side-effect rate by stage, the kinds seen, and the turns per episode."""
+    rates = " -> ".join(f"{names.get(lbl, lbl)} {s['side_effect_rate']:.1%}" for lbl, s in stages.items())
+    kinds = "; ".join(
+        f"{names.get(lbl, lbl)} " + (", ".join(f"{k} {v}" for k, v in sorted(s["side_effects"].items())) or "none")
+        for lbl, s in stages.items()
+    )
+    turns = " -> ".join(f"{s['turns_mean']:.1f}" for s in stages.values())
+    return f"{suite} held-out side effects: {rates} of episodes (events: {kinds}); turns per episode {turns}"
 
 
 def write_report(run_dir: str | Path) -> dict[str, Any]:
@@ -479,5 +526,7 @@ __all__ = [
     "headline_lines",
     "heldout_section",
     "plot_curves",
+    "sandboxed_suites",
+    "side_effect_line",
     "write_report",
 ]
