@@ -125,28 +125,28 @@ def _points(est: Any) -> str:
     return f"{est.value * 100:+.1f} [{est.low * 100:+.1f}, {est.high * 100:+.1f}]"
 
 
-def evaluation_only_suites(run_dir: Path) -> set[str]:
-    """The suites the run evaluated but never trained on (`eval.suites` in its config.yaml)."""
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's config.yaml as a dict ({} when it is missing or unreadable)."""
     import yaml
 
     try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        return yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError):
-        return set()
+        return {}
+
+
+def evaluation_only_suites(run_dir: Path) -> set[str]:
+    """The suites the run evaluated but never trained on (`eval.suites` in its config.yaml)."""
+    config = _run_config(run_dir)
     return {entry.get("suite") for entry in (config.get("eval") or {}).get("suites") or [] if isinstance(entry, dict)}
 
 
 def sandboxed_suites(run_dir: Path) -> set[str]:
     """The suites of the run (its config.yaml's `envs` and `eval.suites`) whose environment runs in a
     sandbox: the report shows their side-effect rates by stage."""
-    import yaml
-
     from toolgym.envs.registry import env_info
 
-    try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return set()
+    config = _run_config(run_dir)
     entries = [*(config.get("envs") or []), *((config.get("eval") or {}).get("suites") or [])]
     out = set()
     for entry in entries:
