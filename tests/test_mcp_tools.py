@@ -149,3 +149,30 @@ def test_no_bridge_process_outlives_the_environment():
     env.close()
     children = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(os.getpid())], capture_output=True, text=True).stdout
     assert "cat" not in children and "bridge" not in children, children
+
+
+def test_partial_credit_counts_the_asked_changes_that_are_right_and_voids_collateral():
+    """A three-change task: the verdict passes only on the exact stock; a failure records how many
+    asked changes are right (training may use it), doing nothing earns 0, and touching an item the
+    task never asked about voids every check."""
+    task = next(t for t in builtin_suite("mcp-inventory").split("train").tasks if len(t.metadata["kinds"]) == 3)
+    changes = [c for c in task.oracle if c.name != "submit"]
+    env = toolgym.make("mcp-inventory-v0").unwrapped
+    try:
+
+        def credit(calls):
+            env.reset(options={"task": task})
+            for call in calls:
+                env.step(call.to_text())
+            verdict = env.verdict()
+            return verdict.passed, verdict.reward, verdict.details.get("partial_credit")
+
+        assert credit([]) == (False, 0.0, 0.0)
+        assert credit(changes[:1]) == (False, 0.0, pytest.approx(1 / 3))
+        assert credit(changes[:2]) == (False, 0.0, pytest.approx(2 / 3))
+        assert credit(changes) == (True, 1.0, None)
+        asked = {c.arguments["item"] for c in changes}
+        other = next(i for i in json.loads(task.workspace["inventory.json"]) if i not in asked)
+        assert credit([*changes[:2], ToolCall(name="add_stock", arguments={"item": other, "quantity": 1})]) == (False, 0.0, 0.0)
+    finally:
+        env.close()

@@ -7,7 +7,7 @@ import torch
 from toolgym.harness.trajectory import Segment, Trajectory
 from toolgym.sandbox import SafetyPolicy, SandboxConfig
 from toolgym.trainers.core_algos import grpo_advantages
-from toolgym.trainers.rewards import broken_groups, groups_of, informative_groups, shaped_reward, trained_reward
+from toolgym.trainers.rewards import broken_groups, groups_of, informative_groups, sampler_score, shaped_reward, trained_reward
 from toolgym.verifiers import Outcome, Verdict
 
 
@@ -45,9 +45,9 @@ def test_partial_credit_orders_failures_below_every_pass_and_only_when_asked():
     larger advantage), a pass with 1, a failure without partial credit with 0; at w = 0 every
     failure is 0 again. Grading is untouched: the trajectories' own rewards stay 0 and 1."""
 
-    def graded(reward, credit=None):
+    def graded(reward, credit=None, outcome=None):
         details = {} if credit is None else {"partial_credit": credit}
-        outcome = Outcome.PASSED if reward == 1.0 else Outcome.FAILED
+        outcome = outcome or (Outcome.PASSED if reward == 1.0 else Outcome.FAILED)
         traj = _traj("g", reward, outcome=outcome)
         traj.verdict = Verdict(reward=reward, passed=reward == 1.0, outcome=outcome, details=details)
         return traj
@@ -59,6 +59,15 @@ def test_partial_credit_orders_failures_below_every_pass_and_only_when_asked():
     adv = grpo_advantages(torch.tensor(rewards[0.5]), torch.zeros(4, dtype=torch.long))
     assert adv[0] > adv[1] > adv[2] > adv[3]
     assert [t.reward for t in group] == [1.0, 0.0, 0.0, 0.0]
+    # an episode cut by its turn limit is graded on what it left: its partial credit counts too
+    assert shaped_reward(graded(0.0, 0.5, Outcome.TRUNCATED), SafetyPolicy(), 0.5) == pytest.approx(0.25)
+    assert shaped_reward(graded(0.0, 0.5, Outcome.TIMEOUT), SafetyPolicy(), 0.5) == 0.0
+    # the sampler counts passes, or with partial credit on, the shaped reward a task's attempts earn
+    near = graded(0.0, 0.9)
+    assert sampler_score(near, shaped_reward(near, SafetyPolicy(), 0.0), 0.0) == 0.0
+    assert sampler_score(near, shaped_reward(near, SafetyPolicy(), 0.5), 0.5) == pytest.approx(0.45)
+    assert sampler_score(group[0], 1.0, 0.0) == 1.0 and sampler_score(group[0], 1.0, 0.5) == 1.0
+    assert sampler_score(graded(0.0), -0.5, 0.5) == 0.0  # a price below 0 is not a rate below 0
 
 
 def test_the_overlong_penalty_is_dapos_soft_one_and_only_when_asked():

@@ -47,7 +47,7 @@ from toolgym.trainers.inference import CopiedWeights
 from toolgym.trainers.learner import Learner, apply_lora
 from toolgym.trainers.memory import release_memory
 from toolgym.trainers.pipeline import RolloutPipeline, stale_groups
-from toolgym.trainers.rewards import broken_groups, groups_of, informative_groups, shaped_reward, trained_reward
+from toolgym.trainers.rewards import broken_groups, groups_of, informative_groups, sampler_score, shaped_reward, trained_reward
 from toolgym.trainers.sampler import LearnabilitySampler
 from toolgym.trainers.screening import ReferenceScreen
 from toolgym.trainers.sft import oracle_demonstrations, sft_batches, sft_learning_rate, sft_progress, train_families
@@ -398,7 +398,7 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
             for g, idx in groups.items():  # infra/verifier errors say nothing about the task: not counted
                 if g not in broken:
                     task_id = trajs[idx[0]].task_id
-                    self.samplers[suite_of[task_id]].update(task_id, [float(trajs[i].outcome == Outcome.PASSED) for i in idx], self.step)
+                    self.samplers[suite_of[task_id]].update(task_id, [self.sampler_score(trajs[i]) for i in idx], self.step)
         # the learner holds version step - 1; older rollouts than max_staleness allows are dropped
         stale = stale_groups(trajs, self.step - 1, c.rollout.max_staleness) - broken
         keep = [i for g, idx in groups.items() if g not in broken and g not in stale for i in idx]
@@ -449,6 +449,10 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
         for suite, sampler in self.samplers.items():
             metrics[f"sampler/{suite}"] = sampler.summary()
         return metrics
+
+    def sampler_score(self, traj: Trajectory) -> float:
+        """What one attempt adds to the sampler's running rate (`rewards.sampler_score`)."""
+        return sampler_score(traj, self.shaped_reward(traj), self.config.rl.partial_credit)
 
     def shaped_reward(self, traj: Trajectory) -> float:
         """The verifier's reward less the env's safety prices (`rewards.shaped_reward`)."""

@@ -129,8 +129,10 @@ class RLSettings(_Strict):
         "its verifier's partial credit (`details.partial_credit`, in [0, 1]; BFCL's "
         "follows ToolRL: right functions, parameter names and values) instead of 0, so "
         "that of two failures the closer one is preferred; below 1, so no failure "
-        "matches a pass. Grading, pass@k and the sampler's pass rates never use it; "
-        "0 = off",
+        "matches a pass; an episode cut by its turn limit is graded on what it left and earns "
+        "it too. The sampler's running rates then count the same shaped reward, so a task "
+        "nobody passes yet but whose failures differ is still drawn. Grading and pass@k never "
+        "use it; 0 = off",
     )
     overlong: str = Field(
         default="drop",

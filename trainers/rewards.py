@@ -1,7 +1,9 @@
 """What an episode trains with, and which groups can carry a gradient: pure functions of trajectories.
 
-- `shaped_reward`: the verdict's reward (a failure may earn `partial_credit` times the verifier's
-  partial credit) less the safety policy's prices for the episode's side effects.
+- `shaped_reward`: the verdict's reward (a failed or truncated episode may earn `partial_credit`
+  times the verifier's partial credit) less the safety policy's prices for the episode's side effects.
+- `sampler_score`: what an attempt adds to the sampler's running rate (its pass, or its shaped
+  reward when partial credit is on).
 - `trained_reward`: the shaped reward less DAPO's soft overlong penalty (`overlong: penalize`).
 - `groups_of`, `broken_groups`, `informative_groups`: GRPO groups by id; a group with an infra or
   verifier error says nothing about the policy and is dropped whole; a group whose trained
@@ -21,10 +23,12 @@ from toolgym.verifiers import Outcome
 
 
 def shaped_reward(traj: Trajectory, policy: SafetyPolicy, partial_credit: float = 0.0) -> float:
-    """The verifier's reward (a failed episode: `partial_credit` times the verdict's partial
-    credit, where the verifier gives one) less `policy`'s penalties for the episode's side effects."""
+    """The verifier's reward (an episode that failed or ran out of turns: `partial_credit` times
+    the verdict's partial credit, where the verifier gives one) less `policy`'s penalties for the
+    episode's side effects. A truncated episode counts: a state checker grades what the agent left
+    behind, however the episode ended."""
     reward = traj.reward
-    if partial_credit > 0 and traj.outcome == Outcome.FAILED and traj.verdict is not None:
+    if partial_credit > 0 and traj.outcome in (Outcome.FAILED, Outcome.TRUNCATED) and traj.verdict is not None:
         reward = max(reward, partial_credit * float(traj.verdict.details.get("partial_credit", 0.0)))
     events = []
     for e in traj.side_effects:
@@ -33,6 +37,17 @@ def shaped_reward(traj: Trajectory, policy: SafetyPolicy, partial_credit: float 
         except ValueError:  # an event of a kind this version does not know prices nothing
             continue
     return policy.penalize(reward, events)
+
+
+def sampler_score(traj: Trajectory, shaped: float, partial_credit: float) -> float:
+    """What one attempt adds to the learnability sampler's running rate: its pass (0 or 1), or,
+    with `partial_credit` on, its `shaped` reward clipped to [0, 1]. The sampler draws by the
+    reward's variance, and with partial credit a task nobody passes yet still has some: its
+    failures differ in how close they came (a multi-change task at 0 passes would otherwise sit at
+    the floor and its credit would rarely be trained)."""
+    if partial_credit <= 0:
+        return float(traj.outcome == Outcome.PASSED)
+    return min(1.0, max(0.0, shaped))
 
 
 def trained_reward(traj: Trajectory, shaped: float, overlong: str, budget: int | None, buffer: int) -> float:
@@ -70,4 +85,4 @@ def informative_groups(trajs: Sequence[Trajectory], rewards: Sequence[float]) ->
     return [g for g, idx in groups.items() if g not in broken and len({rewards[i] for i in idx}) > 1]
 
 
-__all__ = ["broken_groups", "groups_of", "informative_groups", "shaped_reward", "trained_reward"]
+__all__ = ["broken_groups", "groups_of", "informative_groups", "sampler_score", "shaped_reward", "trained_reward"]

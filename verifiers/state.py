@@ -5,7 +5,9 @@ a fresh grading sandbox with the agent's changes applied as data: no process of 
 ran there, the interpreter is isolated (`python3 -I`) and the root filesystem is read-only. It prints one JSON object per line,
 `{"name": ..., "passed": true|false, "message": ...}`, to a results file whose path it gets as
 its first argument; the host reads that file from its own side of the filesystem after the run. Reward: all-or-nothing, or the
-fraction of checks passed.
+fraction of checks passed. An all-or-nothing failure still records the fraction as
+`details["partial_credit"]` (it never changes the reward, the pass or pass@k; training may use it:
+`rl.partial_credit`).
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ class StateVerifier:
         passed = sum(t.passed for t in tests)
         ok = passed == len(tests)
         reward = float(ok) if hidden.all_or_nothing else passed / len(tests)
+        details: dict = {"side_effects": tamper}
+        if not ok and hidden.all_or_nothing:  # how close the failure came, for training only
+            details["partial_credit"] = passed / len(tests)
         return Verdict(
             reward=reward,
             passed=ok,
@@ -116,7 +121,7 @@ class StateVerifier:
             tests=tests,
             reason=f"{passed}/{len(tests)} checks passed",
             duration_s=time.perf_counter() - start,
-            details={"side_effects": tamper},
+            details=details,
         )
 
 

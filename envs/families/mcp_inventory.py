@@ -4,7 +4,8 @@ The agent's only tools are those the `inventory` MCP server offers (`list_items`
 `remove_stock`, `delete_item`, `history`, `notify_supplier`) and `submit`. The server
 (`_mcp/inventory_server.py`, standard library only) starts in the sandbox at every reset and
 keeps the stock in memory and in `inventory.json`; a hidden state checker compares that file
-with the expected stock. Tasks ask for one to three changes; "exactly N in stock" needs a look
+with the expected stock, one check per item the task asks to change (any other item changed fails
+them all). Tasks ask for one to three changes; "exactly N in stock" needs a look
 at the current stock first (the instruction never shows it). Held-out tasks use other items and
 wordings.
 """
@@ -98,7 +99,10 @@ def generate_mcp_inventory_task(seed: int, index: int, split: str = "train") -> 
     # the tools are listed below the instruction by their own names (an earlier wording spoke of
     # "the `inventory` tools", and models called a tool named `inventory`, which does not exist)
     instruction = " ".join(sentences) + " Change the stock with the tools listed below; call `submit` when the stock is right."
-    spec = {"files": {"inventory.json": stock_text(final)}, "strip": False}
+    # one check per asked item (right count, nothing else touched), so a failure that got one of
+    # two changes right shows as 1/2 in the verdict's partial credit; a pass is the exact stock
+    asked = [str(c.arguments["item"]) for c in calls]
+    spec = {"json_keys": {"inventory.json": {"expected": final, "asked": asked}}}
     return Task(
         env_id="toolgym/mcp-inventory-v0",
         instruction=instruction,

@@ -82,6 +82,22 @@ for path in SPEC.get("not_executable", []):
 for d, names in SPEC.get("tree", {}).items():
     got = sorted(os.listdir(d)) if os.path.isdir(d) else []
     report("tree:" + d, got == sorted(names), "got %%s" %% got)
+# a JSON object checked key by key: one check per asked key, passed when that key is right and
+# no key that was not asked changed (doing nothing earns nothing; collateral voids every check)
+for path, want in SPEC.get("json_keys", {}).items():
+    try:
+        got = json.loads(text(path))
+        assert isinstance(got, dict)
+    except (OSError, ValueError, AssertionError) as err:
+        for key in want["asked"]:
+            report("key:" + path + ":" + key, False, "not a JSON object: %%s" %% err)
+        continue
+    expected = want["expected"]
+    stray = sorted(k for k in set(got) | set(expected) if k not in want["asked"] and got.get(k) != expected.get(k))
+    for key in want["asked"]:
+        right = got.get(key) == expected.get(key)
+        why = "" if right and not stray else "got %%r, want %%r" %% (got.get(key), expected.get(key)) if not right else "unasked keys changed: %%s" %% stray
+        report("key:" + path + ":" + key, right and not stray, why)
 out.close()
 '''
 
