@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -176,3 +177,26 @@ def test_partial_credit_counts_the_asked_changes_that_are_right_and_voids_collat
         assert credit([*changes[:2], ToolCall(name="add_stock", arguments={"item": other, "quantity": 1})]) == (False, 0.0, 0.0)
     finally:
         env.close()
+
+
+def _sentence_pattern(wording: str) -> re.Pattern:
+    """A wording template as a regex over instructions (`{n}` a number, `{item}` a word)."""
+    return re.compile(re.escape(wording).replace(r"\{n\}", r"\d+").replace(r"\{item\}", r"[a-z]+"))
+
+
+def test_train_tasks_use_every_train_wording_and_never_a_held_out_one():
+    from toolgym.envs.families.mcp_inventory import WORDINGS
+
+    suite = builtin_suite("mcp-inventory")
+    train = [t.instruction for t in suite.split("train").tasks]
+    held = [t.instruction for t in suite.split("held-out").tasks]
+    for kind, wordings in WORDINGS["train"].items():
+        assert len(wordings) > 1, kind
+        for wording in wordings:
+            pattern = _sentence_pattern(wording)
+            assert any(pattern.search(text) for text in train), f"{kind}: {wording!r} never used"
+            assert not any(pattern.search(text) for text in held), f"train wording in held-out: {wording!r}"
+    for wording in (w for ws in WORDINGS["held-out"].values() for w in ws):
+        pattern = _sentence_pattern(wording)
+        assert any(pattern.search(text) for text in held), wording
+        assert not any(pattern.search(text) for text in train), f"held-out wording in train: {wording!r}"

@@ -6,8 +6,8 @@ The agent's only tools are those the `inventory` MCP server offers (`list_items`
 keeps the stock in memory and in `inventory.json`; a hidden state checker compares that file
 with the expected stock, one check per item the task asks to change (any other item changed fails
 them all). Tasks ask for one to three changes; "exactly N in stock" needs a look
-at the current stock first (the instruction never shows it). Held-out tasks use other items and
-wordings.
+at the current stock first (the instruction never shows it). Held-out tasks use other items, and
+one wording per kind that train tasks (four wordings per kind) never use.
 """
 
 from __future__ import annotations
@@ -31,20 +31,47 @@ ITEMS = {
     "train": ["bolts", "nuts", "washers", "screws", "hinges", "brackets", "rivets", "springs", "gaskets", "clamps"],
     HELDOUT: ["pulleys", "bearings", "couplings", "sprockets", "valves", "fuses", "castors", "latches"],
 }
-WORDING = {
+#: Train tasks draw each sentence from several wordings per kind, so the reward teaches the kind of
+#: change and not one sentence; held-out tasks use one other wording per kind that train never shows.
+WORDINGS = {
     "train": {
-        "receive": "Receive {n} {item}.",
-        "ship": "Ship {n} {item}.",
-        "discontinue": "Discontinue {item}.",
-        "exact": "Make sure exactly {n} {item} are in stock.",
-        "new": "Start stocking {item}: receive {n}.",
+        "receive": (
+            "Receive {n} {item}.",
+            "{n} more {item} were delivered; put them in stock.",
+            "Book in a shipment of {n} {item}.",
+            "Increase the stock of {item} by {n}.",
+        ),
+        "ship": (
+            "Ship {n} {item}.",
+            "A customer ordered {n} {item}: take them out of stock.",
+            "Dispatch {n} {item} to a customer.",
+            "Lower the stock of {item} by {n}.",
+        ),
+        "discontinue": (
+            "Discontinue {item}.",
+            "Stop carrying {item}: drop them from the inventory.",
+            "Remove {item} from the inventory entirely.",
+            "{item} are retired; delete the item.",
+        ),
+        "exact": (
+            "Make sure exactly {n} {item} are in stock.",
+            "After a recount, the stock of {item} should read {n}.",
+            "Set the stock of {item} to {n}.",
+            "Bring {item} to a total of {n} units.",
+        ),
+        "new": (
+            "Start stocking {item}: receive {n}.",
+            "Add a new item, {item}, with {n} units.",
+            "{n} {item} arrived, an item we never had before; stock them.",
+            "Begin carrying {item} with {n} in stock.",
+        ),
     },
     HELDOUT: {
-        "receive": "A delivery of {n} {item} arrived: add it to the stock.",
-        "ship": "Send {n} {item} out of the warehouse.",
-        "discontinue": "{item} are no longer sold: take them out of the inventory.",
-        "exact": "The stock of {item} must end at {n}, no more and no fewer.",
-        "new": "We now carry {item}; {n} of them came in today.",
+        "receive": ("A delivery of {n} {item} arrived: add it to the stock.",),
+        "ship": ("Send {n} {item} out of the warehouse.",),
+        "discontinue": ("{item} are no longer sold: take them out of the inventory.",),
+        "exact": ("The stock of {item} must end at {n}, no more and no fewer.",),
+        "new": ("We now carry {item}; {n} of them came in today.",),
     },
 }
 KINDS = ("receive", "ship", "discontinue", "exact", "new")
@@ -63,6 +90,8 @@ def stock_text(stock: dict[str, int]) -> str:
 def generate_mcp_inventory_task(seed: int, index: int, split: str = "train") -> Task:
     """Deterministic `(seed, index, split) -> Task` for mcp-inventory."""
     rng = np.random.default_rng([seed, index, 23])
+    # a stream of its own for the wordings, so the stock and the changes do not depend on them
+    wording_rng = np.random.default_rng([seed, index, 29])
     key = HELDOUT if split == HELDOUT else "train"
     names = [str(n) for n in rng.permutation(ITEMS[key])]
     stocked, spare = names[: int(rng.integers(3, 6))], names[6:]
@@ -95,7 +124,8 @@ def generate_mcp_inventory_task(seed: int, index: int, split: str = "train") -> 
             final[item] = n
             diff = n - stock[item]
             calls.append(ToolCall(name="add_stock" if diff > 0 else "remove_stock", arguments={"item": item, "quantity": abs(diff)}))
-        sentences.append(WORDING[key][kind].format(n=n, item=item))
+        wordings = WORDINGS[key][kind]
+        sentences.append(wordings[int(wording_rng.integers(len(wordings)))].format(n=n, item=item))
     # the tools are listed below the instruction by their own names (an earlier wording spoke of
     # "the `inventory` tools", and models called a tool named `inventory`, which does not exist)
     instruction = " ".join(sentences) + " Change the stock with the tools listed below; call `submit` when the stock is right."
@@ -123,6 +153,8 @@ register_suite(
         generator=generate_mcp_inventory_task,
         train_size=240,
         heldout_size=60,
+        # 2: train tasks draw from four wordings per kind (1 had one); held-out tasks are unchanged
+        version="2",
         description="stock changes through the tools of an MCP server in the sandbox; hidden state checker",
     )
 )
@@ -136,4 +168,4 @@ class MCPInventoryEnv(MCPSandboxEnv):
     max_turns = 12
 
 
-__all__ = ["MCPInventoryEnv", "generate_mcp_inventory_task", "server_source", "stock_text"]
+__all__ = ["WORDINGS", "MCPInventoryEnv", "generate_mcp_inventory_task", "server_source", "stock_text"]
