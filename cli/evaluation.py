@@ -62,6 +62,9 @@ def eval_(
     tokenizer: str | None = typer.Option(None, help="tokenizer for sglang: policies"),
     device: str | None = typer.Option(None, help="tiny/hf: policies: cpu, cuda, cuda:1 (default: cuda if present)"),
     dtype: str = typer.Option("auto", help="tiny/hf: policies: bf16 | fp16 | fp32 | auto (bf16 on CUDA)"),
+    shuffle_tools: bool = typer.Option(
+        False, "--shuffle-tools", help="list each episode's tools in an order drawn per episode (as a campaign's envs.N.shuffle_tools)"
+    ),
 ) -> None:
     """Evaluate a policy on a suite split: pass@k with CIs, outcome and safety rates, a report."""
     from toolgym.harness.eval_run import run_eval
@@ -93,6 +96,7 @@ def eval_(
         tokenizer,
         device=device,
         dtype=dtype,
+        shuffle_tools=shuffle_tools,
     )
     _print_report(report)
     console.print(f"report: {paths['markdown']}  numbers: {paths['json']}  trajectories: {paths['trajectories']}")

@@ -22,6 +22,7 @@ tool that fails becomes an observation saying what went wrong, counted in `info[
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 from collections import Counter
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import gymnasium as gym
+import numpy as np
 
 from toolgym.envs.parsing import ERROR_CLASSES, CallError, coerce_action
 from toolgym.envs.spaces import TextSpace
@@ -127,6 +129,7 @@ class ToolEnv(gym.Env[str, Any]):
         split: str = "train",
         max_turns: int | None = None,
         render_mode: str | None = None,
+        shuffle_tools: bool = False,
     ) -> None:
         if tasks is None:
             name = suite or self.default_suite
@@ -156,6 +159,10 @@ class ToolEnv(gym.Env[str, Any]):
         self.error_counts: Counter[str] = Counter()
         self.tool_call_count = 0
         self.transcript: list[tuple[str, str]] = []
+        #: List the tools in an order drawn per episode (from the task and the reset seed), so that
+        #: a tool's place in the list tells a policy nothing (see `episode_tool_order`).
+        self.shuffle_tools = shuffle_tools
+        self._tool_order: list[str] | None = None
 
     # ---- to implement in subclasses ------------------------------------------------------------
 
@@ -206,8 +213,6 @@ class ToolEnv(gym.Env[str, Any]):
         `Counter` is a dict): any other value raises `StateNotJSON` naming the attribute. Keep such
         an object private (`self._name`) or override this method when the state lives elsewhere.
         """
-        import hashlib
-
         skip = {"tasks", "task", "observation_space", "action_space", "transcript", "np_random", "render_mode", "spec"}
         state = {k: v for k, v in sorted(vars(self).items()) if not k.startswith("_") and k not in skip}
         for name, value in state.items():
@@ -238,8 +243,26 @@ class ToolEnv(gym.Env[str, Any]):
         return self._tools
 
     def tool_schemas(self) -> list[dict[str, Any]]:
-        """OpenAI/Hermes function schemas of every tool (what a chat template's `tools=` takes)."""
-        return [spec.schema for spec in self._tools.values()]
+        """OpenAI/Hermes function schemas of every tool (what a chat template's `tools=` takes), in
+        the episode's order."""
+        return [spec.schema for spec in self._listed_tools()]
+
+    def episode_tool_order(self, task: Task, seed: int | None) -> list[str] | None:
+        """The order the episode lists its tools in: None (the definition order) unless
+        `shuffle_tools`; then a permutation drawn from the task id and the reset seed, so every
+        task and every sample of it may see another order, and the same episode the same one."""
+        if not self.shuffle_tools:
+            return None
+        digest = hashlib.sha256(f"{task.id}\0{seed}".encode()).digest()
+        names = list(self._tools)
+        order = np.random.default_rng(int.from_bytes(digest[:8], "little")).permutation(len(names))
+        return [names[i] for i in order]
+
+    def _listed_tools(self) -> list[ToolSpec]:
+        """The tools as the agent sees them listed this episode."""
+        if self._tool_order is None or set(self._tool_order) != set(self._tools):
+            return list(self._tools.values())
+        return [self._tools[name] for name in self._tool_order]
 
     def call_tool(self, call: ToolCall) -> tuple[str, CallError | None]:
         """Validate and run one call; returns (observation text, error or None).
@@ -249,7 +272,7 @@ class ToolEnv(gym.Env[str, Any]):
         `InfraError`: they must not be shown to the agent or graded as its failure."""
         spec = self._tools.get(call.name)
         if spec is None:
-            known = ", ".join(self._tools)
+            known = ", ".join(spec.name for spec in self._listed_tools())
             return "", CallError("unknown_tool", f"unknown tool `{call.name}`; available tools: {known}", call)
         try:
             args = spec.validate(call.arguments)
@@ -278,7 +301,7 @@ class ToolEnv(gym.Env[str, Any]):
         """Instruction followed by the tool list and how to call a tool."""
         assert self.task is not None
         lines = [self.task.instruction, "", 'Tools (call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):']
-        for spec in self._tools.values():
+        for spec in self._listed_tools():
             lines.append(f"- {spec.signature()}: {spec.description}")
         return "\n".join(lines)
 
@@ -305,6 +328,7 @@ class ToolEnv(gym.Env[str, Any]):
         self.error_counts = Counter()
         self.tool_call_count = 0
         self.load_task(self.task)
+        self._tool_order = self.episode_tool_order(self.task, seed)
         obs = self.initial_observation()
         self.transcript = [("observation", obs)]
         info = {

@@ -35,8 +35,10 @@ def run_eval(
     device: str | None = None,
     dtype: str | None = None,
     env_factory: Any = None,
+    shuffle_tools: bool = False,
 ) -> tuple[EvalReport, dict[str, Path]]:
-    """Evaluate `policy` on `suite`'s `split`; writes trajectories (JSONL, parquet) and the report."""
+    """Evaluate `policy` on `suite`'s `split`; writes trajectories (JSONL, parquet) and the report.
+    `shuffle_tools` lists each episode's tools in an order drawn per episode (`ToolEnv.shuffle_tools`)."""
     import toolgym
 
     ks = ks or [1]
@@ -52,7 +54,8 @@ def run_eval(
 
     def default_env(env_id: str):
         # Each task is played on its own env id (a suite may mix environments).
-        return toolgym.make(env_id, tasks=[t for t in tasks if t.env_id == env_id]).unwrapped
+        options = {"shuffle_tools": True} if shuffle_tools else {}
+        return toolgym.make(env_id, tasks=[t for t in tasks if t.env_id == env_id], **options).unwrapped
 
     runner = RolloutRunner(
         env_factory or default_env,

@@ -44,6 +44,29 @@ def test_reset_observation_has_instruction_and_tools(records_env):
     assert info["task_id"] == records_env.task.id
 
 
+def test_shuffle_tools_lists_the_tools_in_an_order_drawn_per_episode():
+    env = toolgym.make("records-v0", shuffle_tools=True).unwrapped
+    task = env.tasks[0]
+
+    def listed(seed):
+        obs, info = env.reset(seed=seed, options={"task": task})
+        names = [t["function"]["name"] for t in info["tools"]]
+        in_text = [line[2:].split("(")[0] for line in obs.splitlines() if line.startswith("- ")]
+        assert in_text == names  # the text and the schemas agree on the order
+        return tuple(names)
+
+    orders = {seed: listed(seed) for seed in range(12)}
+    assert all(sorted(o) == ["answer", "get", "search"] for o in orders.values())
+    assert len(set(orders.values())) >= 3  # the order varies with the seed...
+    assert listed(5) == orders[5]  # ...and the same episode lists the same order again
+    # an unknown tool's error lists the episode's order, and calls are unaffected by it
+    env.reset(seed=5, options={"task": task})
+    obs, _, _, _, _ = env.step('<tool_call>{"name": "nope", "arguments": {}}</tool_call>')
+    assert ", ".join(orders[5]) in obs
+    plain = toolgym.make("records-v0").unwrapped
+    assert [t["function"]["name"] for t in plain.reset(seed=5, options={"task": task})[1]["tools"]] == ["search", "get", "answer"]
+
+
 def test_same_seed_same_episode_in_process(records_env):
     a = episode_trace_hash("records-v0", 11)
     b = episode_trace_hash("records-v0", 11)

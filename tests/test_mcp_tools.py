@@ -47,6 +47,21 @@ def test_the_tools_are_the_servers_and_the_oracle_passes(env):
     assert terminated and total == 1.0 and info["side_effects"] == []
 
 
+def test_shuffled_tools_list_the_servers_tools_in_another_order_per_episode(backend):
+    env = toolgym.make("mcp-inventory-v0", backend=backend, shuffle_tools=True).unwrapped
+    task = _task(kind="ship")
+    try:
+        orders = set()
+        for seed in range(4):
+            _, info = env.reset(seed=seed, options={"task": task})
+            orders.add(tuple(t["function"]["name"] for t in info["tools"]))
+        assert len(orders) >= 2 and all(len(o) == 7 and "submit" in o and "add_stock" in o for o in orders)
+        total = sum(env.step(action)[1] for action in task.oracle_turns())  # the order changes no call
+        assert total == 1.0
+    finally:
+        env.close()
+
+
 def test_do_nothing_fails_and_mistakes_are_tool_errors(env):
     task = _task()
     env.reset(options={"task": task})

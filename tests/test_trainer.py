@@ -65,6 +65,27 @@ def test_tempered_rollouts_train_the_distribution_they_were_sampled_from(fresh_p
     assert untempered["logprob_gap_mean"] > 100 * max(tempered["logprob_gap_mean"], 1e-6)
 
 
+def test_a_campaign_can_list_a_suites_tools_in_another_order_per_demonstration(tmp_path, fresh_policy):
+    """`envs.N.shuffle_tools`: the campaign makes that env with a per-episode tool order, so its
+    demonstrations (and rollouts) do not all list the tools alike; the oracle still passes."""
+    from toolgym.trainers.campaign_rollouts import env_options
+
+    envs = [{"env": "records-v0", "suite": "records", "shuffle_tools": True}, {"env": "bfcl-v0", "suite": "bfcl"}]
+    config = load_config(_write(tmp_path, _small_config(tmp_path, {"envs": envs})))
+    assert env_options(config, "toolgym/records-v0") == {"shuffle_tools": True} and env_options(config, "toolgym/bfcl-v0") == {}
+    tasks = builtin_suite("records").split("train").tasks[:8]
+    demos = collect_demonstrations(
+        tasks, fresh_policy.tokenizer, lambda env_id: toolgym.make(env_id, **env_options(config, env_id)).unwrapped, progress=False
+    )
+    assert all(d.outcome == Outcome.PASSED for d in demos)
+
+    def order(demo):
+        text = demo.segments[0].text
+        return tuple(sorted(("search", "get", "answer"), key=lambda name: text.index(f'"name": "{name}"')))
+
+    assert len({order(d) for d in demos}) >= 2
+
+
 def test_sft_on_oracle_demonstrations_lowers_the_loss(fresh_policy):
     tasks = builtin_suite("records").split("train").tasks[:16]
     demos = collect_demonstrations(tasks, fresh_policy.tokenizer, records_env, progress=False)

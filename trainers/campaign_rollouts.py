@@ -27,6 +27,21 @@ from toolgym.trainers.ray_backend import ray_runner, start_ray
 from toolgym.trainers.screening import ReferenceScreen
 
 
+def env_options(config: CampaignConfig, env_id: str) -> dict[str, Any]:
+    """The keyword arguments the campaign makes `env_id` with: its sandbox settings and its tool
+    order (`EnvMix.shuffle_tools`), from the first entry of `envs` or `eval.suites` naming it."""
+    for mix in [*config.envs, *config.eval.suites]:
+        if full_id(mix.env) != env_id:
+            continue
+        options: dict[str, Any] = {}
+        if mix.sandbox is not None:
+            options["sandbox"] = mix.sandbox
+        if getattr(mix, "shuffle_tools", False):
+            options["shuffle_tools"] = True
+        return options
+    return {}
+
+
 def build_policy(config: CampaignConfig) -> HFPolicy:
     """The policy to train: the tiny model toolgym builds (sized by the config), or any HF model."""
     settings = config.model
@@ -85,10 +100,7 @@ class RolloutSide:
 
     def make_env(self, env_id: str):
         """An environment for `env_id` with the campaign's sandbox settings for it."""
-        for mix in [*self.config.envs, *self.config.eval.suites]:
-            if full_id(mix.env) == env_id and mix.sandbox is not None:
-                return toolgym.make(mix.env, sandbox=mix.sandbox).unwrapped
-        return toolgym.make(env_id).unwrapped
+        return toolgym.make(env_id, **env_options(self.config, env_id)).unwrapped
 
     def agent(self, temperature: float, policy: Any = None) -> TokenAgent:
         """A token agent on `policy` (default: the training model, which samples with the current

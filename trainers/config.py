@@ -74,6 +74,11 @@ class EnvMix(_Strict):
         "reward alone, and its tasks are never screened by their reference solutions either (sampler.screen): "
         "the sampler's own pass-rate estimates draw them",
     )
+    shuffle_tools: bool = Field(
+        default=False,
+        description="list the tools in an order drawn per episode (demonstrations, rollouts and evaluations alike), so "
+        "a tool's place in the list carries no information; false: the environment's own order",
+    )
 
 
 class SFTSettings(_Strict):

@@ -31,7 +31,9 @@ def ray_runner(config: Any, agent: TokenAgent, tokenizer_path: str | None, limit
         spec = {"kind": "sglang", "urls": list(r.servers), "tokenizer": tokenizer_path, "sampling": agent.sampling}
     else:
         spec = actor_agent_spec(actor, tokenizer_path, agent.sampling)
-    env_kwargs = {full_id(m.env): {"sandbox": m.sandbox} for m in config.envs if m.sandbox is not None}
+    from toolgym.trainers.campaign_rollouts import env_options
+
+    env_kwargs = {full_id(m.env): env_options(config, full_id(m.env)) for m in config.envs}
     return RayRolloutRunner(
         env_kwargs,
         spec,
