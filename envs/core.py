@@ -272,7 +272,7 @@ class ToolEnv(gym.Env[str, Any]):
         `InfraError`: they must not be shown to the agent or graded as its failure."""
         spec = self._tools.get(call.name)
         if spec is None:
-            known = ", ".join(spec.name for spec in self._listed_tools())
+            known = ", ".join(listed.name for listed in self._listed_tools())
             return "", CallError("unknown_tool", f"unknown tool `{call.name}`; available tools: {known}", call)
         try:
             args = spec.validate(call.arguments)

@@ -99,7 +99,7 @@ class RolloutSide:
         return SandboxConfig.model_validate(mix.sandbox or {})
 
     def make_env(self, env_id: str):
-        """An environment for `env_id` with the campaign's sandbox settings for it."""
+        """An environment for `env_id` with the campaign's settings for it (sandbox, tool order)."""
         return toolgym.make(env_id, **env_options(self.config, env_id)).unwrapped
 
     def agent(self, temperature: float, policy: Any = None) -> TokenAgent:
