@@ -172,7 +172,8 @@ class RolloutSide:
             agent = self.agent(r.temperature, self.weights().policy)
             if r.backend == "ray":
                 handle = getattr(self.weights(), "handle", None)  # a PolicyActor, unless servers serve
-                self._runner = ray_runner(self.config, agent, self.policy.source, self.limits(), handle)
+                env_kwargs = {full_id(m.env): env_options(self.config, full_id(m.env)) for m in self.config.envs}
+                self._runner = ray_runner(self.config, agent, self.policy.source, self.limits(), env_kwargs, handle)
             else:
                 self._runner = RolloutRunner(
                     self.make_env,

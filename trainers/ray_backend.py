@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolgym.envs import full_id
 from toolgym.harness import RolloutLimits, TokenAgent
 
 
@@ -20,9 +19,16 @@ def start_ray(settings: Any) -> None:
         init_local_ray()
 
 
-def ray_runner(config: Any, agent: TokenAgent, tokenizer_path: str | None, limits: RolloutLimits, actor: Any = None) -> Any:
-    """`EnvWorker`s for the campaign's environments, sampling from the configured servers, or
-    else from the `PolicyActor` handle `actor`."""
+def ray_runner(
+    config: Any,
+    agent: TokenAgent,
+    tokenizer_path: str | None,
+    limits: RolloutLimits,
+    env_kwargs: dict[str, dict[str, Any]],
+    actor: Any = None,
+) -> Any:
+    """`EnvWorker`s for the campaign's environments (each made with its `env_kwargs` entry),
+    sampling from the configured servers, or else from the `PolicyActor` handle `actor`."""
     from toolgym.harness.ray_pool import RayRolloutRunner, actor_agent_spec
 
     r = config.rollout
@@ -31,9 +37,6 @@ def ray_runner(config: Any, agent: TokenAgent, tokenizer_path: str | None, limit
         spec = {"kind": "sglang", "urls": list(r.servers), "tokenizer": tokenizer_path, "sampling": agent.sampling}
     else:
         spec = actor_agent_spec(actor, tokenizer_path, agent.sampling)
-    from toolgym.trainers.campaign_rollouts import env_options
-
-    env_kwargs = {full_id(m.env): env_options(config, full_id(m.env)) for m in config.envs}
     return RayRolloutRunner(
         env_kwargs,
         spec,
