@@ -194,6 +194,35 @@ def test_partial_credit_counts_the_asked_changes_that_are_right_and_voids_collat
         env.close()
 
 
+def test_a_failed_check_credits_progress_toward_the_target_and_debits_the_wrong_way():
+    """A `ship` task: shipping part of the asked units earns part of the way, receiving units
+    instead loses some (below doing nothing, 0), and touching another item voids the credit. The
+    verdict stays binary: only the exact stock passes."""
+    task = next(t for t in builtin_suite("mcp-inventory").split("train").tasks if t.metadata["kinds"] == ["ship"])
+    (ship,) = [c for c in task.oracle if c.name != "submit"]
+    item, n = ship.arguments["item"], ship.arguments["quantity"]
+    stock = json.loads(task.workspace["inventory.json"])
+    other = next(i for i in stock if i != item)
+    env = toolgym.make("mcp-inventory-v0").unwrapped
+    try:
+
+        def credit(*calls):
+            env.reset(options={"task": task})
+            for call in calls:
+                env.step(call.to_text())
+            verdict = env.verdict()
+            return verdict.passed, verdict.details.get("partial_credit")
+
+        assert credit(ship) == (True, None)
+        assert credit() == (False, 0.0)
+        if n > 1:
+            assert credit(ToolCall(name="remove_stock", arguments={"item": item, "quantity": 1})) == (False, pytest.approx(1 - (n - 1) / n))
+        assert credit(ToolCall(name="add_stock", arguments={"item": item, "quantity": n})) == (False, -1.0)
+        assert credit(ToolCall(name="add_stock", arguments={"item": other, "quantity": 1})) == (False, 0.0)
+    finally:
+        env.close()
+
+
 def _sentence_pattern(wording: str) -> re.Pattern:
     """A wording template as a regex over instructions (`{n}` a number, `{item}` a word)."""
     return re.compile(re.escape(wording).replace(r"\{n\}", r"\d+").replace(r"\{item\}", r"[a-z]+"))

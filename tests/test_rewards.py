@@ -68,6 +68,11 @@ def test_partial_credit_orders_failures_below_every_pass_and_only_when_asked():
     assert sampler_score(near, shaped_reward(near, SafetyPolicy(), 0.5), 0.5) == pytest.approx(0.45)
     assert sampler_score(group[0], 1.0, 0.0) == 1.0 and sampler_score(group[0], 1.0, 0.5) == 1.0
     assert sampler_score(graded(0.0), -0.5, 0.5) == 0.0  # a price below 0 is not a rate below 0
+    # a state checker's credit below 0 (a change the wrong way) trains below leaving things alone
+    wrong_way = graded(0.0, -0.5)
+    assert shaped_reward(wrong_way, SafetyPolicy(), 0.5) == pytest.approx(-0.25)
+    assert shaped_reward(graded(0.0, 0.0), SafetyPolicy(), 0.5) == 0.0
+    assert sampler_score(wrong_way, -0.25, 0.5) == 0.0
 
 
 def test_the_overlong_penalty_is_dapos_soft_one_and_only_when_asked():

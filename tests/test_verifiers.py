@@ -1,6 +1,7 @@
 """Verifiers: hidden tests in a clean sandbox, the state checker, composites, outcomes, and the
 verifier-hacking suite (every attack scores as a failure with the attack recorded)."""
 
+import json
 import threading
 
 import pytest
@@ -392,6 +393,29 @@ def test_state_verifier_sees_permissions(config):
     v = StateVerifier(config)
     assert not v.verify(task, FinalState()).passed
     assert v.verify(task, FinalState(modes={p: 0o755 for p in execs})).passed
+
+
+def _checker_task(lines):
+    """A state task whose hidden checker reports `lines` (JSON objects) as its checks."""
+    body = "import json, sys\nwith open(sys.argv[1], 'w') as out:\n" + "".join(
+        f"    out.write({json.dumps(line)!r} + '\\n')\n" for line in lines
+    )
+    return Task(env_id="x/y-v0", instruction="-", family="x", hidden=HiddenSpec(kind="state", files={"check.py": body}))
+
+
+def test_state_verifier_averages_the_checks_credit_into_partial_credit(config):
+    """A checker may give a failed check a `credit` in [-1, 1] (how far it got; below 0 for a change
+    the wrong way): the failure's partial credit is the mean of the credits, a pass where none is
+    given; the verdict itself stays all-or-nothing. A credit outside [-1, 1] is the checker's bug."""
+    v = StateVerifier(config)
+    mixed = _checker_task([{"name": "a", "passed": True}, {"name": "b", "passed": False, "credit": -0.5}])
+    verdict = v.verify(mixed, FinalState())
+    assert (verdict.outcome, verdict.reward) == (Outcome.FAILED, 0.0)
+    assert verdict.details["partial_credit"] == pytest.approx(0.25)
+    plain = _checker_task([{"name": "a", "passed": True}, {"name": "b", "passed": False}])
+    assert v.verify(plain, FinalState()).details["partial_credit"] == pytest.approx(0.5)
+    wild = _checker_task([{"name": "a", "passed": False, "credit": 2.0}])
+    assert v.verify(wild, FinalState()).outcome == Outcome.VERIFIER_ERROR
 
 
 def test_composite_and_answer_verifiers():

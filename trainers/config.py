@@ -131,8 +131,9 @@ class RLSettings(_Strict):
         ge=0,
         lt=1,
         description="a failed episode trains with this times "
-        "its verifier's partial credit (`details.partial_credit`, in [0, 1]; BFCL's "
-        "follows ToolRL: right functions, parameter names and values) instead of 0, so "
+        "its verifier's partial credit (`details.partial_credit`: BFCL's, in [0, 1], "
+        "follows ToolRL: right functions, parameter names and values; a state checker's "
+        "may go below 0 for changes away from the goal) instead of 0, so "
         "that of two failures the closer one is preferred; below 1, so no failure "
         "matches a pass; an episode cut by its turn limit is graded on what it left and earns "
         "it too. The sampler's running rates then count the same shaped reward, so a task "

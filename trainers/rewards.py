@@ -1,7 +1,7 @@
 """What an episode trains with, and which groups can carry a gradient: pure functions of trajectories.
 
 - `shaped_reward`: the verdict's reward (a failed or truncated episode may earn `partial_credit`
-  times the verifier's partial credit) less the safety policy's prices for the episode's side effects.
+  times the verifier's partial credit, below 0 where that credit is) less the safety policy's prices for the episode's side effects.
 - `sampler_score`: what an attempt adds to the sampler's running rate (its pass, or its shaped
   reward when partial credit is on).
 - `trained_reward`: the shaped reward less DAPO's soft overlong penalty (`overlong: penalize`).
@@ -24,19 +24,23 @@ from toolgym.verifiers import Outcome
 
 def shaped_reward(traj: Trajectory, policy: SafetyPolicy, partial_credit: float = 0.0) -> float:
     """The verifier's reward (an episode that failed or ran out of turns: `partial_credit` times
-    the verdict's partial credit, where the verifier gives one) less `policy`'s penalties for the
-    episode's side effects. A truncated episode counts: a state checker grades what the agent left
-    behind, however the episode ended."""
+    the verdict's partial credit, where the verifier gives one; a state checker's can be below 0,
+    for changes away from the goal) less `policy`'s penalties for the episode's side effects. A
+    truncated episode counts: a state checker grades what the agent left behind, however the
+    episode ended."""
     reward = traj.reward
-    if partial_credit > 0 and traj.outcome in (Outcome.FAILED, Outcome.TRUNCATED) and traj.verdict is not None:
-        reward = max(reward, partial_credit * float(traj.verdict.details.get("partial_credit", 0.0)))
+    failed = traj.outcome in (Outcome.FAILED, Outcome.TRUNCATED) and traj.verdict is not None
+    if partial_credit > 0 and failed and "partial_credit" in traj.verdict.details:
+        reward = partial_credit * float(traj.verdict.details["partial_credit"])
     events = []
     for e in traj.side_effects:
         try:
             events.append(SideEffect.model_validate(e))
         except ValueError:  # an event of a kind this version does not know prices nothing
             continue
-    return policy.penalize(reward, events)
+    # prices take a reward down to 0 and no further; a credit below 0 (a change away from the
+    # goal) is kept as it is, so it still trains below a failure that left things alone
+    return policy.penalize(reward, events) if reward >= 0 else reward
 
 
 def sampler_score(traj: Trajectory, shaped: float, partial_credit: float) -> float:

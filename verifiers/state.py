@@ -3,11 +3,12 @@
 The checker (the task's hidden files, entry `check.py` unless `command` says otherwise) runs in
 a fresh grading sandbox with the agent's changes applied as data: no process of the agent's ever
 ran there, the interpreter is isolated (`python3 -I`) and the root filesystem is read-only. It prints one JSON object per line,
-`{"name": ..., "passed": true|false, "message": ...}`, to a results file whose path it gets as
+`{"name": ..., "passed": true|false, "message": ..., "credit": ...}` (`credit` optional), to a results file whose path it gets as
 its first argument; the host reads that file from its own side of the filesystem after the run. Reward: all-or-nothing, or the
-fraction of checks passed. An all-or-nothing failure still records the fraction as
-`details["partial_credit"]` (it never changes the reward, the pass or pass@k; training may use it:
-`rl.partial_credit`).
+fraction of checks passed. An all-or-nothing failure still records how close it came as
+`details["partial_credit"]`: the mean over checks of each check's `credit` where the checker gives
+one (in [-1, 1]: a change away from the goal scores below leaving it alone), else of its pass (0 or
+1). It never changes the reward, the pass or pass@k; training may use it: `rl.partial_credit`.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class StateVerifier:
         reward = float(ok) if hidden.all_or_nothing else passed / len(tests)
         details: dict = {"side_effects": tamper}
         if not ok and hidden.all_or_nothing:  # how close the failure came, for training only
-            details["partial_credit"] = passed / len(tests)
+            details["partial_credit"] = sum(t.passed if t.credit is None else t.credit for t in tests) / len(tests)
         return Verdict(
             reward=reward,
             passed=ok,

@@ -40,6 +40,9 @@ class TestResult(BaseModel):
     name: str
     passed: bool
     message: str = ""
+    #: how far a failed check got, in [-1, 1] (a checker may report it: 1 is right, 0 is where the
+    #: episode started, below 0 is a change away from the goal); training only, never the verdict
+    credit: float | None = Field(default=None, ge=-1.0, le=1.0)
 
 
 class Verdict(BaseModel):

@@ -5,7 +5,8 @@ The agent's only tools are those the `inventory` MCP server offers (`list_items`
 (`_mcp/inventory_server.py`, standard library only) starts in the sandbox at every reset and
 keeps the stock in memory and in `inventory.json`; a hidden state checker compares that file
 with the expected stock, one check per item the task asks to change (any other item changed fails
-them all). Tasks ask for one to three changes; "exactly N in stock" needs a look
+them all). A failed check reports how far its item moved toward the target (`credit`, training
+only): 0 where it started, 1 at the target, below 0 for a change the wrong way. Tasks ask for one to three changes; "exactly N in stock" needs a look
 at the current stock first (the instruction never shows it). Held-out tasks use other items, and
 one wording per kind that train tasks (four wordings per kind) never use.
 """
@@ -17,7 +18,6 @@ from importlib import resources
 
 import numpy as np
 
-from toolgym.envs.families.shell_ops import CHECKER
 from toolgym.envs.mcp_tools import MCPSandboxEnv
 from toolgym.envs.registry import register_env
 from toolgym.tasks import HELDOUT, HiddenSpec, SuiteSpec, Task, ToolCall, register_suite
@@ -76,6 +76,45 @@ WORDINGS = {
 }
 KINDS = ("receive", "ship", "discontinue", "exact", "new")
 
+#: The hidden stock checker: one check per asked item, passed when its count is right and no other
+#: item changed. A failed check's `credit` is the share of the way from the start count to the
+#: target that the item moved (an absent item counts as 0; the wrong presence caps it at 0.5), in
+#: [-1, 1]: shipping some of the asked units earns some, receiving units that should have shipped
+#: loses some, and touching an item never asked about voids every credit (0).
+STOCK_CHECKER = '''"""Hidden stock checker (generated)."""
+import json, sys
+SPEC = json.loads(%r)
+out = open(sys.argv[1], "w")
+def report(item, ok, credit, message=""):
+    out.write(json.dumps({"name": "stock:" + item, "passed": ok, "credit": credit, "message": message}) + "\\n")
+def progress(start, got, want):
+    if got is not None and (type(got) is not int):  # only the server writes the file; never trust it
+        return 0.0
+    gone = abs((0 if got is None else got) - (0 if want is None else want))
+    whole = abs((0 if start is None else start) - (0 if want is None else want))
+    share = max(-1.0, min(1.0, 1.0 - gone / max(whole, 1)))
+    return share if (got is None) == (want is None) else min(share, 0.5)
+try:
+    with open("inventory.json") as f:
+        got = json.load(f)
+    assert isinstance(got, dict)
+except (OSError, ValueError, AssertionError) as err:
+    got, broken = {}, "inventory.json is not a JSON object: %%s" %% err
+else:
+    broken = ""
+start, want, asked = SPEC["start"], SPEC["expected"], SPEC["asked"]
+stray = sorted(k for k in set(got) | set(want) if k not in asked and got.get(k) != want.get(k))
+for item in asked:
+    right = got.get(item) == want.get(item) and not stray and not broken
+    if right:
+        report(item, True, 1.0)
+    elif broken or stray:
+        report(item, False, 0.0, broken or "unasked items changed: %%s" %% stray)
+    else:
+        report(item, False, progress(start.get(item), got.get(item), want.get(item)), "got %%r, want %%r" %% (got.get(item), want.get(item)))
+out.close()
+'''
+
 
 def server_source() -> str:
     """The inventory MCP server's source (it is copied into every task's workspace)."""
@@ -132,7 +171,7 @@ def generate_mcp_inventory_task(seed: int, index: int, split: str = "train") -> 
     # one check per asked item (right count, nothing else touched), so a failure that got one of
     # two changes right shows as 1/2 in the verdict's partial credit; a pass is the exact stock
     asked = [str(c.arguments["item"]) for c in calls]
-    spec = {"json_keys": {"inventory.json": {"expected": final, "asked": asked}}}
+    spec = {"start": stock, "expected": final, "asked": asked}
     return Task(
         env_id="toolgym/mcp-inventory-v0",
         instruction=instruction,
@@ -140,7 +179,7 @@ def generate_mcp_inventory_task(seed: int, index: int, split: str = "train") -> 
         difficulty=n_ops + ("exact" in kinds),
         split=split,
         workspace={"inventory.json": stock_text(stock), SERVER_PATH: server_source()},
-        hidden=HiddenSpec(kind="state", files={"check.py": CHECKER % json.dumps(spec)}, protected=(".mcp",), timeout_s=30),
+        hidden=HiddenSpec(kind="state", files={"check.py": STOCK_CHECKER % json.dumps(spec)}, protected=(".mcp",), timeout_s=30),
         oracle=tuple(calls) + (ToolCall(name="submit", arguments={}),),
         data={"mcp_server": SERVER},
         metadata={"kinds": kinds, "seed": seed, "index": index},
@@ -154,7 +193,8 @@ register_suite(
         train_size=240,
         heldout_size=60,
         # 2: train tasks draw from four wordings per kind (1 had one); held-out tasks are unchanged
-        version="2",
+        # 3: the stock checker reports each failed check's progress toward its target (`credit`)
+        version="3",
         description="stock changes through the tools of an MCP server in the sandbox; hidden state checker",
     )
 )
@@ -168,4 +208,4 @@ class MCPInventoryEnv(MCPSandboxEnv):
     max_turns = 12
 
 
-__all__ = ["WORDINGS", "MCPInventoryEnv", "generate_mcp_inventory_task", "server_source", "stock_text"]
+__all__ = ["STOCK_CHECKER", "WORDINGS", "MCPInventoryEnv", "generate_mcp_inventory_task", "server_source", "stock_text"]
