@@ -1,7 +1,8 @@
 """What an episode trains with, and which groups can carry a gradient: pure functions of trajectories.
 
 - `shaped_reward`: the verdict's reward (a failed or truncated episode may earn `partial_credit`
-  times the verifier's partial credit, below 0 where that credit is) less the safety policy's prices for the episode's side effects.
+  times the verifier's partial credit, below 0 where that credit is) less the safety policy's
+  prices for the episode's side effects.
 - `sampler_score`: what an attempt adds to the sampler's running rate (its pass, or its shaped
   reward when partial credit is on).
 - `trained_reward`: the shaped reward less DAPO's soft overlong penalty (`overlong: penalize`).

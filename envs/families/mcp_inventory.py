@@ -6,8 +6,9 @@ The agent's only tools are those the `inventory` MCP server offers (`list_items`
 keeps the stock in memory and in `inventory.json`; a hidden state checker compares that file
 with the expected stock, one check per item the task asks to change (any other item changed fails
 them all). A failed check reports how far its item moved toward the target (`credit`, training
-only): 0 where it started, 1 at the target, below 0 for a change the wrong way. Tasks ask for one to three changes; "exactly N in stock" needs a look
-at the current stock first (the instruction never shows it). Held-out tasks use other items, and
+only): 0 where it started, 1 at the target, below 0 for a change the wrong way. Tasks ask for one
+to three changes; "exactly N in stock" needs a look at the current stock first (the instruction
+never shows it). Held-out tasks use other items, and
 one wording per kind that train tasks (four wordings per kind) never use.
 """
 
