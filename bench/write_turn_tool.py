@@ -9,7 +9,8 @@ Contexts: every one-change mcp-inventory episode (one per task) whose first turn
 distribution after `<tool_call>\\n{"name": "` is read for the first token of each tool's name.
 With `--order`, the chat template's tool lines are put in that order (the same contexts
 otherwise), so a probability that follows the place and not the sentence shows at once. Prints
-the mean probability of each tool per kind and per order; writes `runs/bench/write_turn_tool.json`.
+the mean probability of each tool per kind and per order; writes `--out` (default
+`runs/bench/write_turn_tool.json`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("model", help="a model directory (an exported sft-model or final-model)")
     parser.add_argument("rollouts", nargs="+", help="rollout or evaluation trajectories (JSONL) with mcp-inventory episodes")
     parser.add_argument("--order", action="append", default=[], help="a comma-separated tool order to try besides the shipped one")
+    parser.add_argument("--out", default="runs/bench/write_turn_tool.json", help="where the JSON report goes")
     args = parser.parse_args()
     orders = [TOOLS] + [o.split(",") for o in args.order]
     for order in orders:
@@ -92,7 +94,7 @@ def main() -> None:
                 means = {name: sums[kind][name] / counts[kind] for name in TOOLS}
                 report.append({"order": order, "kind": kind, "contexts": counts[kind], "p": means})
                 print(f"  {kind:12s} ({counts[kind]:2d} contexts) " + " ".join(f"{n} {p:.3f}" for n, p in means.items()))
-    out = Path("runs/bench/write_turn_tool.json")
+    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "rollouts": args.rollouts, "results": report}, indent=1))
     print(f"wrote {out}")

@@ -130,6 +130,7 @@ class ToolEnv(gym.Env[str, Any]):
         max_turns: int | None = None,
         render_mode: str | None = None,
         shuffle_tools: bool = False,
+        pinned_tools: int = 0,
     ) -> None:
         if tasks is None:
             name = suite or self.default_suite
@@ -162,6 +163,11 @@ class ToolEnv(gym.Env[str, Any]):
         #: List the tools in an order drawn per episode (from the task and the reset seed), so that
         #: a tool's place in the list tells a policy nothing (see `episode_tool_order`).
         self.shuffle_tools = shuffle_tools
+        #: With `shuffle_tools`: the first N tools of the definition order keep their places and
+        #: only the rest are drawn (a family's read tool stays first, the write tools move).
+        if pinned_tools < 0:
+            raise ValueError(f"pinned_tools must be 0 or more, got {pinned_tools}")
+        self.pinned_tools = pinned_tools
         self._tool_order: list[str] | None = None
 
     # ---- to implement in subclasses ------------------------------------------------------------
@@ -250,13 +256,15 @@ class ToolEnv(gym.Env[str, Any]):
     def episode_tool_order(self, task: Task, seed: int | None) -> list[str] | None:
         """The order the episode lists its tools in: None (the definition order) unless
         `shuffle_tools`; then a permutation drawn from the task id and the reset seed, so every
-        task and every sample of it may see another order, and the same episode the same one."""
+        task and every sample of it may see another order, and the same episode the same one (the
+        first `pinned_tools` keep their places)."""
         if not self.shuffle_tools:
             return None
         digest = hashlib.sha256(f"{task.id}\0{seed}".encode()).digest()
         names = list(self._tools)
-        order = np.random.default_rng(int.from_bytes(digest[:8], "little")).permutation(len(names))
-        return [names[i] for i in order]
+        pinned, drawn = names[: self.pinned_tools], names[self.pinned_tools :]
+        order = np.random.default_rng(int.from_bytes(digest[:8], "little")).permutation(len(drawn))
+        return pinned + [drawn[i] for i in order]
 
     def _listed_tools(self) -> list[ToolSpec]:
         """The tools as the agent sees them listed this episode."""

@@ -67,6 +67,16 @@ def test_shuffle_tools_lists_the_tools_in_an_order_drawn_per_episode():
     assert [t["function"]["name"] for t in plain.reset(seed=5, options={"task": task})[1]["tools"]] == ["search", "get", "answer"]
 
 
+def test_pinned_tools_keep_their_places_while_the_rest_are_drawn():
+    env = toolgym.make("records-v0", shuffle_tools=True, pinned_tools=1).unwrapped
+    task = env.tasks[0]
+    orders = {tuple(t["function"]["name"] for t in env.reset(seed=seed, options={"task": task})[1]["tools"]) for seed in range(12)}
+    assert {o[0] for o in orders} == {"search"}  # the pinned head stays first...
+    assert {o[1:] for o in orders} == {("get", "answer"), ("answer", "get")}  # ...the rest are drawn
+    with pytest.raises(ValueError, match="pinned_tools"):
+        toolgym.make("records-v0", shuffle_tools=True, pinned_tools=-1)
+
+
 def test_same_seed_same_episode_in_process(records_env):
     a = episode_trace_hash("records-v0", 11)
     b = episode_trace_hash("records-v0", 11)

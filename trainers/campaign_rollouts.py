@@ -38,6 +38,8 @@ def env_options(config: CampaignConfig, env_id: str) -> dict[str, Any]:
             options["sandbox"] = mix.sandbox
         if getattr(mix, "shuffle_tools", False):
             options["shuffle_tools"] = True
+            if mix.pinned_tools:
+                options["pinned_tools"] = mix.pinned_tools
         return options
     return {}
 

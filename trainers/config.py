@@ -79,6 +79,12 @@ class EnvMix(_Strict):
         description="list the tools in an order drawn per episode (demonstrations, rollouts and evaluations alike), so "
         "a tool's place in the list carries no information; false: the environment's own order",
     )
+    pinned_tools: int = Field(
+        default=0,
+        ge=0,
+        description="with shuffle_tools: the first N tools of the environment's own order keep their places and only "
+        "the rest are drawn (e.g. 1 keeps mcp-inventory's read tool, list_items, first)",
+    )
 
 
 class SFTSettings(_Strict):
