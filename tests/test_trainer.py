@@ -75,6 +75,8 @@ def test_a_campaign_can_list_a_suites_tools_in_another_order_per_demonstration(t
     assert env_options(config, "toolgym/records-v0") == {"shuffle_tools": True} and env_options(config, "toolgym/bfcl-v0") == {}
     pinned = load_config(_write(tmp_path, _small_config(tmp_path, {"envs": [{**envs[0], "pinned_tools": 1}]})))
     assert env_options(pinned, "toolgym/records-v0") == {"shuffle_tools": True, "pinned_tools": 1}
+    with pytest.raises(ConfigError, match="pinned_tools needs shuffle_tools"):
+        load_config(_write(tmp_path, _small_config(tmp_path, {"envs": [{**envs[1], "pinned_tools": 1}]})))
     tasks = builtin_suite("records").split("train").tasks[:8]
     demos = collect_demonstrations(
         tasks, fresh_policy.tokenizer, lambda env_id: toolgym.make(env_id, **env_options(config, env_id)).unwrapped, progress=False

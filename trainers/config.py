@@ -86,6 +86,13 @@ class EnvMix(_Strict):
         "the rest are drawn (e.g. 1 keeps mcp-inventory's read tool, list_items, first)",
     )
 
+    @model_validator(mode="after")
+    def _pinned_needs_shuffle(self) -> EnvMix:
+        # pinning without drawing would be silently ignored: say so instead of running the wrong arm
+        if self.pinned_tools and not self.shuffle_tools:
+            raise ValueError(f"envs entry {self.env}: pinned_tools needs shuffle_tools: true")
+        return self
+
 
 class SFTSettings(_Strict):
     """Warm start on oracle demonstrations (same renderer and masks as RL)."""
