@@ -9,5 +9,6 @@ from toolgym.envs.families import (  # noqa: F401
     reasoning_gym,
     records,
     shell_ops,  # (importing registers their envs and suites)
+    staff,
     swe_pypi,
 )
