@@ -21,7 +21,13 @@ from toolgym.tasks import Task
 
 
 class TokenAgent:
-    """A token-level policy with its tokenizer and sampling settings."""
+    """A token-level policy with its tokenizer and sampling settings.
+
+    `explore_tools` (training rollouts only; 0 = off): the chance, per turn, that the turn opens a
+    call to a tool drawn uniformly from the episode's tools, whose arguments and anything after
+    are the policy's own (see `harness/rollout.py`, `explored_call_prefix`): epsilon-greedy
+    exploration of which tool a turn calls, for tools the policy almost never picks.
+    """
 
     def __init__(
         self,
@@ -30,12 +36,16 @@ class TokenAgent:
         sampling: SamplingParams | None = None,
         system: str | None = DEFAULT_SYSTEM,
         chat_template: str | None = None,
+        explore_tools: float = 0.0,
     ) -> None:
+        if not 0.0 <= explore_tools < 1.0:
+            raise ValueError(f"explore_tools must be in [0, 1), got {explore_tools}")
         self.policy = policy
         self.tokenizer = tokenizer
         self.sampling = sampling or SamplingParams(max_new_tokens=96, temperature=1.0)
         self.system = system
         self.chat_template = chat_template
+        self.explore_tools = explore_tools
         self.name = policy.name
 
 

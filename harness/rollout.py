@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from toolgym.harness.agents import TextAgent, TokenAgent
 from toolgym.harness.trajectory import Segment, Trajectory, TurnRecord
 from toolgym.inference.chat import ChatRenderer, observation_messages
 from toolgym.inference.policy import current_episode
-from toolgym.tasks import Task
+from toolgym.tasks import Task, ToolCall
 from toolgym.verifiers import FinalState, Outcome, Verdict
 
 #: Off a terminal, the longest stretch without a progress line (seconds).
@@ -50,6 +51,23 @@ def sampling_seed(seed: int, sample_index: int, turn: int) -> int:
     """A per-(episode, sample, turn) sampling seed: the G samples of a group differ, reruns agree."""
     digest = hashlib.sha256(f"{seed}:{sample_index}:{turn}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def explored_call_prefix(explore: float, tools: list[dict[str, Any]], seed: int, sample_index: int, turn: int) -> str:
+    """Tool exploration for one turn (`TokenAgent.explore_tools`): with probability `explore`,
+    drawn from the episode's seed, sample and turn (reruns agree), the opening of a call to a tool
+    drawn uniformly from `tools`, up to its arguments (`<tool_call>\n{"name": "X", "arguments":`,
+    cut before the space, which a tokenizer joins to the brace that follows: a forced lone space
+    is a token the policy never writes there), which the policy then continues; otherwise "".
+    Uniform: the draw knows nothing of the task."""
+    if explore <= 0 or not tools:
+        return ""
+    rng = random.Random(sampling_seed(seed, sample_index, turn) ^ 0x5EED)
+    if rng.random() >= explore:
+        return ""
+    names = [str(t.get("function", t)["name"]) for t in tools]
+    text = ToolCall(name=rng.choice(names)).to_text()
+    return text[: text.index('"arguments":') + len('"arguments":')]
 
 
 async def run_episode(
@@ -128,23 +146,26 @@ async def _play(
             if remaining <= 0:  # token budget spent: the episode is truncated
                 traj.limit_hit = "tokens"
                 break
+            budget = min(agent.sampling.max_new_tokens, limits.max_new_tokens_per_turn, remaining)
+            prefix = explored_call_prefix(agent.explore_tools, tools, seed, sample_index, turn)
+            forced = agent.tokenizer.encode(prefix, add_special_tokens=False) if prefix else []
+            if len(forced) >= budget:  # no room left for the policy to write the arguments
+                forced = []
             sampling = agent.sampling.model_copy(
-                update={
-                    "max_new_tokens": min(agent.sampling.max_new_tokens, limits.max_new_tokens_per_turn, remaining),
-                    "seed": sampling_seed(seed, sample_index, turn),
-                }
+                update={"max_new_tokens": budget - len(forced), "seed": sampling_seed(seed, sample_index, turn)}
             )
-            gen = await agent.policy.generate(context, sampling)
-            ids = list(gen.token_ids)
+            gen = await agent.policy.generate(context + forced, sampling)
+            ids = forced + list(gen.token_ids)
             text_ids = ids[:-1] if ids and ids[-1] == renderer.eot_id else ids
             action = agent.tokenizer.decode(text_ids, skip_special_tokens=False)
             traj.segments.append(
                 Segment(
                     kind="policy",
                     token_ids=ids,
-                    logprobs=list(gen.logprobs),
+                    logprobs=[0.0] * len(forced) + list(gen.logprobs),
                     text=agent.tokenizer.decode(ids, skip_special_tokens=False),
                     weight_version=gen.weight_version,
+                    forced=len(forced),
                 )
             )
             context += ids

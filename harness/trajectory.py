@@ -27,6 +27,10 @@ class Segment(BaseModel):
     logprobs: list[float] | None = None
     text: str = ""
     weight_version: int | None = None  # policy segments: the weights that sampled them
+    #: Policy segments: how many leading tokens the rollout's tool exploration chose instead of the
+    #: policy (`TokenAgent.explore_tools`); they are trained like the policy's own tokens, and their
+    #: `logprobs` (0.0) are placeholders, not the behaviour policy's.
+    forced: int = 0
 
 
 class TurnRecord(BaseModel):
@@ -79,10 +83,15 @@ class Trajectory(BaseModel):
 
     @property
     def logprobs(self) -> list[float]:
-        """Behaviour-policy logprob per token (0.0 where the policy did not sample the token)."""
+        """Behaviour-policy logprob per token (0.0 where the policy did not sample the token; NaN
+        for trained tokens the rollout's exploration forced, whose behaviour logprob is unknown:
+        the learner counts them as on-policy)."""
         out: list[float] = []
         for s in self.segments:
-            out.extend(s.logprobs if s.kind == "policy" and s.logprobs is not None else [0.0] * len(s.token_ids))
+            if s.kind == "policy" and s.logprobs is not None:
+                out.extend([float("nan")] * s.forced + list(s.logprobs[s.forced :]))
+            else:
+                out.extend([0.0] * len(s.token_ids))
         return out
 
     @property

@@ -219,3 +219,22 @@ def test_mini_batches_reuse_the_logprobs_from_before_any_update_whatever_the_spl
         assert metrics["ratio_max"] == pytest.approx(first["ratio_max"], rel=1e-4)
         assert metrics["ratio_min"] == pytest.approx(first["ratio_min"], rel=1e-4)
         assert torch.allclose(weights, w_first, atol=1e-3)
+
+
+def test_tokens_the_exploration_forced_count_as_on_policy(tiny_dir, demo_batch):
+    """Tokens a rollout's tool exploration forced have no behaviour logprob (NaN in the batch):
+    off-policy, their importance weight is 1 (as if the current policy had sampled them), the
+    other tokens keep theirs, and no statistic turns NaN."""
+    policy = HFPolicy(tiny_dir, device="cpu", dtype="fp32")
+    with torch.no_grad():
+        fresh_logp, _ = sequence_logprobs(policy.model, demo_batch.input_ids, demo_batch.attention)
+    stale_logp = fresh_logp - 0.3  # every token 1.35x likelier now than when sampled: weight exp(0.3)
+    forced = torch.zeros_like(demo_batch.mask, dtype=torch.bool)
+    for row in range(forced.shape[0]):  # the first three policy tokens of every row
+        forced[row, demo_batch.mask[row].nonzero().flatten()[:3]] = True
+    explored = _with_rollout_logp(demo_batch, torch.where(forced, torch.full_like(stale_logp, float("nan")), stale_logp))
+    config = LearnerConfig(loss="ppo", token_budget=600, grad_clip=1e9)
+    grads, metrics, _ = _learner_grads(tiny_dir, explored, config, off_policy=True)
+    weights = torch.where(forced, torch.ones_like(fresh_logp), torch.full_like(fresh_logp, float(torch.exp(torch.tensor(0.3)))))
+    assert torch.allclose(grads, _hand_grads(tiny_dir, demo_batch, "ppo", "token-mean", weights), atol=1e-6, rtol=1e-4)
+    assert all(v == v for v in metrics.values() if isinstance(v, float))  # no NaN

@@ -82,3 +82,36 @@ def test_token_budget_stops_the_episode(tiny_policy):
     prompt_len = len(traj.segments[0].token_ids)
     assert prompt_len < 700 and len(traj.token_ids) <= 700 + 1 + 80
     assert traj.outcome in (Outcome.FORMAT_ERROR, Outcome.TIMEOUT)
+
+
+def test_tool_exploration_opens_calls_the_policy_then_continues(tiny_policy):
+    """`explore_tools`: a turn that explores starts with the opening of a call to one of the
+    episode's tools (never another name), the policy is asked to continue exactly after it, the
+    forced tokens are trained (mask 1) with a NaN behaviour logprob, and the policy's own tokens
+    keep theirs. The draw is the episode's: a rerun explores the same turns with the same tools."""
+    from toolgym.harness.rollout import explored_call_prefix
+
+    task = builtin_suite("records").tasks[5]
+    tools = toolgym.make("records-v0").unwrapped.tool_schemas()
+    names = {t["function"]["name"] for t in tools}
+    draws = [explored_call_prefix(0.5, tools, seed, 0, 0) for seed in range(400)]
+    assert 150 < sum(bool(d) for d in draws) < 250 and explored_call_prefix(0.0, tools, 1, 0, 0) == ""
+    assert {d.split('"name": "')[1].split('"')[0] for d in draws if d} == names
+    assert draws == [explored_call_prefix(0.5, tools, seed, 0, 0) for seed in range(400)]
+
+    rec = RecordingPolicy(tiny_policy)
+    agent = TokenAgent(rec, tiny_policy.tokenizer, explore_tools=0.99)
+    traj = _play(agent, task, max_turns=3, max_new_tokens_per_turn=24)
+    policy_segments = [s for s in traj.segments if s.kind == "policy"]
+    assert len(policy_segments) == len(rec.returned) == 3
+    for segment, (prompt, gen) in zip(policy_segments, rec.returned):
+        assert segment.forced > 0 and segment.text.startswith('<tool_call>\n{"name": "')
+        assert segment.text.split('"name": "')[1].split('"')[0] in names
+        forced = segment.token_ids[: segment.forced]
+        assert prompt[-len(forced) :] == forced and segment.token_ids[segment.forced :] == gen.token_ids
+        start = len(prompt) - len(forced)
+        assert traj.loss_mask[start : start + len(segment.token_ids)] == [1] * len(segment.token_ids)
+        lp = traj.logprobs[start : start + len(segment.token_ids)]
+        assert all(x != x for x in lp[: segment.forced]) and lp[segment.forced :] == gen.logprobs
+    with pytest.raises(ValueError, match="explore_tools"):
+        TokenAgent(rec, tiny_policy.tokenizer, explore_tools=1.0)

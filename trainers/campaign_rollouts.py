@@ -104,13 +104,16 @@ class RolloutSide:
         """An environment for `env_id` with the campaign's settings for it (sandbox, tool order)."""
         return toolgym.make(env_id, **env_options(self.config, env_id)).unwrapped
 
-    def agent(self, temperature: float, policy: Any = None) -> TokenAgent:
+    def agent(self, temperature: float, policy: Any = None, explore_tools: float = 0.0) -> TokenAgent:
         """A token agent on `policy` (default: the training model, which samples with the current
-        weights)."""
+        weights); `explore_tools` for RL rollouts only (`rollout.explore_tools`)."""
         r = self.config.rollout
         default = self._copy.policy if self._copy is not None else self.policy
         return TokenAgent(
-            policy or default, self.tokenizer, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p)
+            policy or default,
+            self.tokenizer,
+            SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p),
+            explore_tools=explore_tools,
         )
 
     def limits(self, evaluation: bool = False, suite: EvalSuite | None = None) -> RolloutLimits:
@@ -171,7 +174,7 @@ class RolloutSide:
         workers (`rollout.backend: ray`)."""
         if self._runner is None:
             r = self.config.rollout
-            agent = self.agent(r.temperature, self.weights().policy)
+            agent = self.agent(r.temperature, self.weights().policy, r.explore_tools)
             if r.backend == "ray":
                 handle = getattr(self.weights(), "handle", None)  # a PolicyActor, unless servers serve
                 env_kwargs = {full_id(m.env): env_options(self.config, full_id(m.env)) for m in self.config.envs}

@@ -219,6 +219,20 @@ class RolloutSettings(_Strict):
         "played while the learner updates, and groups more than k versions old are dropped",
     )
     save: bool = Field(default=True, description="write each RL step's trajectories to OUT/rollouts/step-N.jsonl")
+    explore_tools: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="RL rollouts only: the chance per turn that the turn opens a call to a tool drawn uniformly from the "
+        "episode's tools (the policy writes the arguments); the drawn name is trained as the policy's own token "
+        "(epsilon-greedy exploration of the tool choice). Evaluations never explore",
+    )
+
+    @model_validator(mode="after")
+    def _explore_needs_local_agent(self) -> RolloutSettings:
+        if self.explore_tools and self.backend == "ray":
+            raise ValueError("rollout.explore_tools works with backend: local (Ray's environment workers build their own agent)")
+        return self
 
 
 #: The evaluations an evaluation-only suite can join (`EvalSuite.stages`); "steps" = `eval.every`'s.

@@ -309,8 +309,11 @@ class Learner:
                     else:
                         old_logp = logp.detach()
                     adv = ca.broadcast(mb.advantages, mb.mask)
+                    # tokens the rollout's tool exploration forced have no behaviour logprob (NaN):
+                    # counted as on-policy, so the reward can raise a tool the policy rarely picks
+                    rollout_logp = torch.where(torch.isnan(mb.rollout_logp), old_logp.detach(), mb.rollout_logp)
                     # the behaviour policy's logprobs correct what the sampler did differently
-                    tis = ca.truncated_is_weights(old_logp, mb.rollout_logp, cap) if cap else None
+                    tis = ca.truncated_is_weights(old_logp, rollout_logp, cap) if cap else None
                     loss, stats = ca.policy_loss(
                         c.loss,
                         logp,
@@ -329,7 +332,7 @@ class Learner:
                         stats["kl"] = float(kl.detach())
                     w = _micro_weight(agg, mb.mask, total_tokens, total_seqs, nonempty)
                     self._backward(loss * w)
-                gap = ca.mismatch_stats(old_logp, mb.rollout_logp, mb.mask, cap)
+                gap = ca.mismatch_stats(old_logp, rollout_logp, mb.mask, cap)
                 gap_max = max(gap_max, gap.pop("logprob_gap_max"))
                 stats.update(loss=float(loss.detach()), entropy=float((entropy * mb.mask).sum() / mb.mask.sum().clamp(min=1)), **gap)
                 for k, v in stats.items():
