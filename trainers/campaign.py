@@ -111,7 +111,10 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
         self.train_tasks: dict[str, dict[str, Task]] = {}
         for mix in config.envs:
             tasks = self.suites[mix.suite].split("train").tasks
+            tasks = [t for t in tasks if t.difficulty <= mix.max_difficulty] if mix.max_difficulty else tasks
             tasks = tasks[: mix.train_tasks] if mix.train_tasks else tasks
+            if not tasks:  # e.g. a max_difficulty below every task's: nothing to train on
+                raise ConfigError(f"envs entry {mix.env}: no train task of suite {mix.suite} has difficulty <= {mix.max_difficulty}")
             self.train_tasks[mix.suite] = {t.id: t for t in tasks}
         families = train_families(self.train_tasks)
         named = dict.fromkeys([*config.sft.skip_families, *config.sft.family_limits])

@@ -67,6 +67,12 @@ class EnvMix(_Strict):
     )
     sandbox: dict[str, Any] | None = Field(default=None, description="SandboxConfig fields for sandboxed envs")
     train_tasks: int = Field(default=0, ge=0, description="use the first N train tasks (0 = all)")
+    max_difficulty: int = Field(
+        default=0,
+        ge=0,
+        description="train on tasks of at most this difficulty only (0 = all), e.g. 1 for mcp-inventory's one-change "
+        "tasks; evaluations keep every held-out task",
+    )
     eval_tasks: int = Field(default=0, ge=0, description="evaluate on the first N held-out tasks (0 = all)")
     demonstrations: bool = Field(
         default=True,
