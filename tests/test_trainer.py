@@ -384,14 +384,21 @@ def test_partial_credit_of_one_or_more_is_refused(tmp_path):
         load_config(_write(tmp_path, _small_config(tmp_path, {"rl": {"partial_credit": 1.0}})))
 
 
-def test_max_difficulty_keeps_the_easy_train_tasks_and_every_heldout_one(tmp_path):
-    """`envs.N.max_difficulty`: RL draws (and SFT demonstrates) only train tasks up to that
-    difficulty; the held-out evaluation is unchanged. `rollout.explore_tools` is refused where
+def test_max_difficulty_and_train_families_keep_some_train_tasks_and_every_heldout_one(tmp_path):
+    """`envs.N.max_difficulty` and `train_families`: RL draws (and SFT demonstrates) only those
+    train tasks (evaluations read the held-out split, which they never filter); a filter that
+    leaves none is refused. `rollout.explore_tools` is refused where
     its agent is not built (Ray's environment workers)."""
     envs = [{"env": "records-v0", "suite": "records", "max_difficulty": 1, "eval_tasks": 3}]
     campaign = Campaign(load_config(_write(tmp_path, _small_config(tmp_path, {"envs": envs}))), progress=False)
     kept = campaign.train_tasks["records"].values()
     every = builtin_suite("records").split("train").tasks
     assert {t.difficulty for t in kept} == {1} and len(kept) == sum(t.difficulty == 1 for t in every) < len(every)
+    envs[0]["train_families"] = ["records/lookup"]
+    campaign = Campaign(load_config(_write(tmp_path, _small_config(tmp_path, {"envs": envs}))), progress=False)
+    assert {t.family for t in campaign.train_tasks["records"].values()} == {"records/lookup"}
+    envs[0]["train_families"] = ["records/lookups"]  # a typo trains on nothing: refused
+    with pytest.raises(ConfigError, match="no train task of suite records is left"):
+        Campaign(load_config(_write(tmp_path, _small_config(tmp_path, {"envs": envs}))), progress=False)
     with pytest.raises(ConfigError, match="explore_tools works with backend: local"):
         load_config(_write(tmp_path, _small_config(tmp_path, {"rollout": {"explore_tools": 0.3, "backend": "ray"}})))

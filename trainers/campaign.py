@@ -112,9 +112,13 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
         for mix in config.envs:
             tasks = self.suites[mix.suite].split("train").tasks
             tasks = [t for t in tasks if t.difficulty <= mix.max_difficulty] if mix.max_difficulty else tasks
+            tasks = [t for t in tasks if t.family in mix.train_families] if mix.train_families else tasks
             tasks = tasks[: mix.train_tasks] if mix.train_tasks else tasks
-            if not tasks:  # e.g. a max_difficulty below every task's: nothing to train on
-                raise ConfigError(f"envs entry {mix.env}: no train task of suite {mix.suite} has difficulty <= {mix.max_difficulty}")
+            if not tasks:  # a typo in a family, or a max_difficulty below every task's: nothing to train on
+                raise ConfigError(
+                    f"envs entry {mix.env}: no train task of suite {mix.suite} is left by max_difficulty "
+                    f"{mix.max_difficulty or 'any'} and train_families {mix.train_families or 'all'}"
+                )
             self.train_tasks[mix.suite] = {t.id: t for t in tasks}
         families = train_families(self.train_tasks)
         named = dict.fromkeys([*config.sft.skip_families, *config.sft.family_limits])

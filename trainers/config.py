@@ -73,6 +73,10 @@ class EnvMix(_Strict):
         description="train on tasks of at most this difficulty only (0 = all), e.g. 1 for mcp-inventory's one-change "
         "tasks; evaluations keep every held-out task",
     )
+    train_families: list[str] = Field(
+        default_factory=list,
+        description="train on tasks of these families only (empty = all), e.g. [mcp-inventory/ship]; evaluations keep every held-out task",
+    )
     eval_tasks: int = Field(default=0, ge=0, description="evaluate on the first N held-out tasks (0 = all)")
     demonstrations: bool = Field(
         default=True,
