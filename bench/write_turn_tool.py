@@ -2,11 +2,13 @@
 tool's place in the list decide it? Teacher-forced on contexts from real rollouts.
 
     python bench/write_turn_tool.py runs/mcp-sft/sft-model runs/exp-i-progress/rollouts/step-*.jsonl \
-        [--order list_items,remove_stock,add_stock,delete_item,history,notify_supplier,submit ...]
+        [--order list_items,remove_stock,add_stock,delete_item,history,notify_supplier,submit ...] [--turn first]
 
 Contexts: every one-change mcp-inventory episode (one per task) whose first turn was a lone
-`list_items` call; each is cut where its second turn begins, and the policy's next-token
-distribution after `<tool_call>\\n{"name": "` is read for the first token of each tool's name.
+`list_items` call; each is cut where its second turn begins (with `--turn first`: any episode, cut
+where its first turn begins, the turn a direct write would skip the read in), and the policy's
+next-token distribution after `<tool_call>\\n{"name": "` is read for the first token of each
+tool's name.
 With `--order`, the chat template's tool lines are put in that order (the same contexts
 otherwise), so a probability that follows the place and not the sentence shows at once. Prints
 the mean probability of each tool per kind and per order; writes `--out` (default
@@ -33,9 +35,10 @@ HEAD = '<tool_call>\n{"name": "'
 TOOL_LINE = re.compile(r"\n- (\w+)\(.*")
 
 
-def contexts(paths: list[str]) -> list[tuple[str, str]]:
-    """(kind, text up to the write turn's tool name) for one episode per one-change task whose
-    first turn was a lone `list_items` call."""
+def contexts(paths: list[str], turn: str = "write") -> list[tuple[str, str]]:
+    """(kind, text up to a turn's tool name) for one episode per one-change task: the write turn
+    (the second) of an episode whose first turn was a lone `list_items` call, or with `turn="first"`
+    the first turn of any episode (where a direct write would skip the read)."""
     out, seen = [], set()
     for path in paths:
         for traj in read_jsonl(path):
@@ -44,10 +47,14 @@ def contexts(paths: list[str]) -> list[tuple[str, str]]:
                 continue
             policy = [i for i, s in enumerate(traj.segments) if s.kind == "policy"]
             first = traj.segments[policy[0]].text if policy else ""
-            if len(policy) < 2 or first.count("<tool_call>") != 1 or '"list_items"' not in first:
+            if turn == "first" and policy:
+                cut = policy[0]
+            elif len(policy) >= 2 and first.count("<tool_call>") == 1 and '"list_items"' in first:
+                cut = policy[1]
+            else:
                 continue
             seen.add(traj.task_id)
-            out.append((kind, "".join(s.text for s in traj.segments[: policy[1]]) + HEAD))
+            out.append((kind, "".join(s.text for s in traj.segments[:cut]) + HEAD))
     return out
 
 
@@ -65,15 +72,18 @@ def main() -> None:
     parser.add_argument("model", help="a model directory (an exported sft-model or final-model)")
     parser.add_argument("rollouts", nargs="+", help="rollout or evaluation trajectories (JSONL) with mcp-inventory episodes")
     parser.add_argument("--order", action="append", default=[], help="a comma-separated tool order to try besides the shipped one")
+    parser.add_argument(
+        "--turn", choices=("write", "first"), default="write", help="the write turn (after a lone list_items) or the first turn"
+    )
     parser.add_argument("--out", default="runs/bench/write_turn_tool.json", help="where the JSON report goes")
     args = parser.parse_args()
     orders = [TOOLS] + [o.split(",") for o in args.order]
     for order in orders:
         if sorted(order) != sorted(TOOLS):
             sys.exit(f"error: --order must name each of {', '.join(TOOLS)} once")
-    found = contexts(args.rollouts)
+    found = contexts(args.rollouts, args.turn)
     if not found:
-        sys.exit("error: no one-change mcp-inventory episode opening with a lone list_items call in these files")
+        sys.exit(f"error: no one-change mcp-inventory episode with a {args.turn} turn to replay in these files")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     first_token = {name: tokenizer.encode(name, add_special_tokens=False)[0] for name in TOOLS}
@@ -96,7 +106,7 @@ def main() -> None:
                 print(f"  {kind:12s} ({counts[kind]:2d} contexts) " + " ".join(f"{n} {p:.3f}" for n, p in means.items()))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "rollouts": args.rollouts, "results": report}, indent=1))
+    out.write_text(json.dumps({"model": args.model, "rollouts": args.rollouts, "turn": args.turn, "results": report}, indent=1))
     print(f"wrote {out}")
 
 

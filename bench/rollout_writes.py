@@ -1,0 +1,81 @@
+"""Which write tool do a run's own mcp-inventory rollouts call, per kind, as training goes on?
+
+    python bench/rollout_writes.py runs/exp-r-three-kinds [--window 4]
+
+Reads `RUN/rollouts/step-*.jsonl` and, per window of `--window` RL steps and per one-change kind
+(`receive`, `ship`, ...), prints how many episodes passed and, among the episodes that no tool
+exploration touched (`rollout.explore_tools`), the share whose first write (the first call to a
+tool other than the reads `list_items` and `history`) went to each tool. A policy that tells the
+sentences apart calls `add_stock` after `receive` and `remove_stock` after `ship`; one that does
+not calls the same tool in every kind, whichever one the reward last favoured. Writes `--out`
+(default `runs/bench/rollout_writes.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+from pathlib import Path
+
+from toolgym.harness.trajectory import read_jsonl
+
+READS = ("list_items", "history")
+CALL_NAME = re.compile(r'"name":\s*"(\w+)"')
+
+
+def first_write(texts: list[str]) -> str:
+    """The first tool called that is not a read, or `none`."""
+    names = [name for text in texts for name in CALL_NAME.findall(text)]
+    return next((name for name in names if name not in READS), "none")
+
+
+def summarise(paths: list[Path]) -> dict[str, dict]:
+    """Per one-change kind: episodes, passes, and the on-policy first writes counted by tool."""
+    out: dict[str, dict] = {}
+    for path in paths:
+        for traj in read_jsonl(path):
+            kind = traj.family.removeprefix("mcp-inventory/")
+            if kind == traj.family or "+" in kind:
+                continue  # another family, or a task with several changes
+            row = out.setdefault(kind, {"episodes": 0, "passed": 0, "writes": collections.Counter()})
+            row["episodes"] += 1
+            row["passed"] += traj.outcome.value == "passed"
+            policy = [s for s in traj.segments if s.kind == "policy"]
+            if not any(s.forced for s in policy):
+                row["writes"][first_write([s.text for s in policy])] += 1
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="a campaign's output folder (with rollouts/step-*.jsonl)")
+    parser.add_argument("--window", type=int, default=4, help="RL steps per row")
+    parser.add_argument("--out", default="runs/bench/rollout_writes.json", help="where the JSON report goes")
+    args = parser.parse_args()
+    steps = sorted(Path(args.run, "rollouts").glob("step-*.jsonl"))
+    if not steps:
+        sys.exit(f"error: no rollouts/step-*.jsonl under {args.run}")
+    report = []
+    for start in range(0, len(steps), args.window):
+        rows = summarise(steps[start : start + args.window])
+        span = f"{start + 1}-{min(start + args.window, len(steps))}"
+        print(f"steps {span}:")
+        for kind, row in sorted(rows.items()):
+            total = sum(row["writes"].values())
+            shares = {tool: count / total for tool, count in row["writes"].most_common()} if total else {}
+            report.append(
+                {"steps": span, "kind": kind, "episodes": row["episodes"], "passed": row["passed"], "on_policy": total, "writes": shares}
+            )
+            top = " ".join(f"{tool} {share:.2f}" for tool, share in list(shares.items())[:4])
+            print(f"  {kind:12s} passed {row['passed']:3d}/{row['episodes']:3d}   first write, {total:3d} unexplored: {top}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"run": args.run, "window": args.window, "results": report}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
