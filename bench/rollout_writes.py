@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=4, help="RL steps per row")
     parser.add_argument("--out", default="runs/bench/rollout_writes.json", help="where the JSON report goes")
     args = parser.parse_args()
+    if args.window < 1:
+        sys.exit(f"error: --window must be at least 1, not {args.window}")
     steps = sorted(Path(args.run, "rollouts").glob("step-*.jsonl"))
     if not steps:
         sys.exit(f"error: no rollouts/step-*.jsonl under {args.run}")
