@@ -9,7 +9,7 @@ them all). A failed check reports how far its item moved toward the target (`cre
 only): 0 where it started, 1 at the target, below 0 for a change the wrong way. Tasks ask for one
 to three changes; "exactly N in stock" needs a look at the current stock first (the instruction
 never shows it). Held-out tasks use other items, and
-one wording per kind that train tasks (eight to twelve wordings per kind) never use.
+one wording per kind that train tasks (four wordings per kind) never use.
 """
 
 from __future__ import annotations
@@ -41,58 +41,30 @@ WORDINGS = {
             "{n} more {item} were delivered; put them in stock.",
             "Book in a shipment of {n} {item}.",
             "Increase the stock of {item} by {n}.",
-            "Restock {item} with {n} more units.",
-            "A supplier brought {n} {item}; count them in.",
-            "Raise the stock of {item} by {n}.",
-            "Put {n} extra {item} on the shelves.",
-            "Top up {item} by {n}.",
-            "We bought {n} {item}; record them as received.",
-            "{n} {item} came back from a customer and can be sold again.",
-            "Enter {n} newly received {item} into stock.",
         ),
         "ship": (
             "Ship {n} {item}.",
             "A customer ordered {n} {item}: take them out of stock.",
             "Dispatch {n} {item} to a customer.",
             "Lower the stock of {item} by {n}.",
-            "Sell {n} {item}.",
-            "{n} {item} were sold today; deduct them.",
-            "Reduce {item} by {n} units.",
-            "Pick {n} {item} for an outgoing order.",
-            "Subtract {n} from the stock of {item}.",
-            "{n} {item} left with a courier this morning.",
-            "Withdraw {n} {item} from stock.",
-            "Decrease the {item} count by {n}.",
         ),
         "discontinue": (
             "Discontinue {item}.",
             "Stop carrying {item}: drop them from the inventory.",
             "Remove {item} from the inventory entirely.",
             "{item} are retired; delete the item.",
-            "Delete the item {item}.",
-            "We will never sell {item} again; remove the item.",
-            "Drop {item} from the catalogue and the stock.",
-            "Take {item} off the item list for good.",
         ),
         "exact": (
             "Make sure exactly {n} {item} are in stock.",
             "After a recount, the stock of {item} should read {n}.",
             "Set the stock of {item} to {n}.",
             "Bring {item} to a total of {n} units.",
-            "Correct the stock of {item}: the true count is {n}.",
-            "Update {item} so that {n} remain in stock.",
-            "The right quantity of {item} is {n}; fix the stock.",
-            "Adjust {item} until the stock shows {n}.",
         ),
         "new": (
             "Start stocking {item}: receive {n}.",
             "Add a new item, {item}, with {n} units.",
             "{n} {item} arrived, an item we never had before; stock them.",
             "Begin carrying {item} with {n} in stock.",
-            "Create the item {item} with {n} units.",
-            "Open a stock line for {item} and put {n} in it.",
-            "Introduce {item} with an opening stock of {n}.",
-            "Take on {item} as a new product: {n} units.",
         ),
     },
     HELDOUT: {
@@ -223,9 +195,7 @@ register_suite(
         heldout_size=60,
         # 2: train tasks draw from four wordings per kind (1 had one); held-out tasks are unchanged
         # 3: the stock checker reports each failed check's progress toward its target (`credit`)
-        # 4: twelve train wordings for receive and ship, eight for the other kinds (a reward-taught
-        #    choice of write tool stayed on the four train sentences); held-out tasks are unchanged
-        version="4",
+        version="3",
         description="stock changes through the tools of an MCP server in the sandbox; hidden state checker",
     )
 )
