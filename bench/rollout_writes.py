@@ -7,7 +7,9 @@ Reads `RUN/rollouts/step-*.jsonl` and, per window of `--window` RL steps and per
 exploration touched (`rollout.explore_tools`), the share whose first write (the first call to a
 tool other than the reads `list_items` and `history`) went to each tool. A policy that tells the
 sentences apart calls `add_stock` after `receive` and `remove_stock` after `ship`; one that does
-not calls the same tool in every kind, whichever one the reward last favoured. With `--by-wording`,
+not calls the same tool in every kind, whichever one the reward last favoured. Each row also gives
+the mean tool calls of its passes: a pass that walked the whole tool list makes five or more, one
+that read and wrote makes two or three. With `--by-wording`,
 each kind's row is split by the sentence's wording (numbers read `N`, item names `X`), read from the
 instruction itself so it works for any suite version. Writes `--out` (default
 `runs/bench/rollout_writes.json`).
@@ -54,9 +56,11 @@ def summarise(paths: list[Path], by_wording: bool = False) -> dict[str, dict]:
                 continue  # another family, or a task with several changes
             if by_wording:
                 kind += ": " + wording([seg.text or "" for seg in traj.segments if seg.kind != "policy"])
-            row = out.setdefault(kind, {"episodes": 0, "passed": 0, "writes": collections.Counter()})
+            row = out.setdefault(kind, {"episodes": 0, "passed": 0, "pass_calls": 0, "writes": collections.Counter()})
             row["episodes"] += 1
-            row["passed"] += traj.outcome.value == "passed"
+            if traj.outcome.value == "passed":
+                row["passed"] += 1
+                row["pass_calls"] += traj.tool_calls
             policy = [s for s in traj.segments if s.kind == "policy"]
             if not any(s.forced for s in policy):
                 row["writes"][first_write([s.text for s in policy])] += 1
@@ -83,11 +87,23 @@ def main() -> None:
         for kind, row in sorted(rows.items()):
             total = sum(row["writes"].values())
             shares = {tool: count / total for tool, count in row["writes"].most_common()} if total else {}
+            calls = row["pass_calls"] / row["passed"] if row["passed"] else None
             report.append(
-                {"steps": span, "kind": kind, "episodes": row["episodes"], "passed": row["passed"], "on_policy": total, "writes": shares}
+                {
+                    "steps": span,
+                    "kind": kind,
+                    "episodes": row["episodes"],
+                    "passed": row["passed"],
+                    "calls_per_pass": calls,
+                    "on_policy": total,
+                    "writes": shares,
+                }
             )
             top = " ".join(f"{tool} {share:.2f}" for tool, share in list(shares.items())[:4])
-            print(f"  {kind:12s} passed {row['passed']:3d}/{row['episodes']:3d}   first write, {total:3d} unexplored: {top}")
+            per_pass = f"{calls:4.1f}" if calls is not None else "   -"
+            print(
+                f"  {kind:12s} passed {row['passed']:3d}/{row['episodes']:3d} ({per_pass} calls each)   first write, {total:3d} unexplored: {top}"
+            )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"run": args.run, "window": args.window, "results": report}, indent=1))

@@ -184,13 +184,14 @@ def test_eval_cli_records_its_budget(tmp_path):
 def test_dynamic_sampling_draws_more_tasks_and_overlong_episodes_leave_the_gradient(tmp_path):
     """An untrained tiny model fails everything: every group has zero variance, so the step plays
     extra rounds (bounded) of new tasks; episodes cut by their turn limit are dropped from the
-    gradient (rl.overlong: drop) and priced under `penalize`."""
+    gradient (rl.overlong: drop) and priced under `penalize`, after the envs entry's cost per call."""
     from test_trainer import _small_config, _write
 
     from toolgym.trainers.campaign import Campaign
     from toolgym.trainers.config import load_config
 
-    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {"sft": {"steps": 0}})))
+    envs = [{"env": "records-v0", "suite": "records", "weight": 1, "train_tasks": 40, "eval_tasks": 2, "call_cost": 0.25}]
+    cfg = load_config(_write(tmp_path, _small_config(tmp_path, {"sft": {"steps": 0}, "envs": envs})))
     assert cfg.rl.dynamic_sampling == 2 and cfg.rl.overlong == "drop"  # the defaults
     campaign = Campaign(cfg, progress=False)
     try:
@@ -207,7 +208,10 @@ def test_dynamic_sampling_draws_more_tasks_and_overlong_episodes_leave_the_gradi
         assert metrics["overlong_episodes"] >= 1 and metrics["overlong_dropped"] == metrics["overlong_episodes"]
         assert metrics["trained_groups"] <= cfg.rl.tasks_per_step
         campaign.config.rl.overlong = "penalize"
+        first.tool_calls = 0
         assert campaign.trained_reward(first) == pytest.approx(0.0)  # reward 1, truncated: penalty 1
+        first.tool_calls = 2  # the envs entry's call_cost, 0.25 a call, comes off before the overlong penalty
+        assert campaign.trained_reward(first) == pytest.approx(-0.5)
     finally:
         campaign.close()
 

@@ -86,6 +86,22 @@ def test_the_overlong_penalty_is_dapos_soft_one_and_only_when_asked():
     assert trained_reward(half, 1.0, "penalize", None, 20) == 1.0  # no budget known: nothing to measure against
 
 
+def test_a_call_cost_ranks_passes_by_their_calls_and_never_pushes_a_failure_below_zero():
+    lean, walked = _traj("g", 1.0), _traj("g", 1.0)
+    lean.tool_calls, walked.tool_calls = 3, 7  # read, write, submit / the whole tool list walked
+    costs = [trained_reward(t, 1.0, "keep", None, 0, call_cost=0.05) for t in (lean, walked)]
+    assert costs == pytest.approx([0.85, 0.65])
+    adv = grpo_advantages(torch.tensor(costs), torch.tensor([0, 0]))
+    assert adv[0] > 0 > adv[1]  # the same right state, the leaner episode trains up
+    assert trained_reward(walked, 1.0, "keep", None, 0) == 1.0  # no cost unless asked
+    assert trained_reward(walked, 0.2, "keep", None, 0, call_cost=0.05) == 0.0  # floored at 0, like a price
+    failed = _traj("g", 0.0, outcome=Outcome.FAILED)
+    failed.tool_calls = 9
+    # a failure keeps its reward (0, or a credit below 0): costing it would teach calling nothing
+    assert trained_reward(failed, 0.0, "keep", None, 0, call_cost=0.05) == 0.0
+    assert trained_reward(failed, -0.25, "keep", None, 0, call_cost=0.05) == -0.25
+
+
 def test_groups_with_an_infra_error_are_broken_and_equal_rewards_carry_no_gradient():
     trajs = [
         _traj("a", 1.0),

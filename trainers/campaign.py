@@ -132,6 +132,7 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
             for s, tasks in self.train_tasks.items()
         }
         self.safety = {full_id(mix.env): self._sandbox_config(mix).policy for mix in config.envs}
+        self.call_costs = {full_id(mix.env): mix.call_cost for mix in config.envs}
         self.metrics: MetricsLog | None = None
         self.step = 0
         self._runner: RolloutRunner | None = None
@@ -388,7 +389,8 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
     def trained_reward(self, traj: Trajectory) -> float:
         """The reward an episode trains with (`rewards.trained_reward` of the shaped reward)."""
         rl = self.config.rl
-        return trained_reward(traj, self.shaped_reward(traj), rl.overlong, self.learner.generation_budget, rl.overlong_buffer)
+        cost = self.call_costs.get(traj.env_id, 0.0)
+        return trained_reward(traj, self.shaped_reward(traj), rl.overlong, self.learner.generation_budget, rl.overlong_buffer, cost)
 
     def learn(self, batch: RolloutBatch) -> dict[str, Any]:
         """Price, filter and train on one step's rollouts (already graded), then publish the new weights."""

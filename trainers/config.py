@@ -89,6 +89,14 @@ class EnvMix(_Strict):
         description="list the tools in an order drawn per episode (demonstrations, rollouts and evaluations alike), so "
         "a tool's place in the list carries no information; false: the environment's own order",
     )
+    call_cost: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="each tool call of an episode costs this much of its earned trained reward (floored at 0, like a "
+        "side effect's price), so a pass that walked the whole tool list trains below one that made only the calls it "
+        "needed; evaluations and the sampler keep the verdict",
+    )
     pinned_tools: int = Field(
         default=0,
         ge=0,

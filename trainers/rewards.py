@@ -5,7 +5,8 @@
   prices for the episode's side effects.
 - `sampler_score`: what an attempt adds to the sampler's running rate (its pass, or its shaped
   reward when partial credit is on).
-- `trained_reward`: the shaped reward less DAPO's soft overlong penalty (`overlong: penalize`).
+- `trained_reward`: the shaped reward less a cost per tool call (an earned reward only) and DAPO's
+  soft overlong penalty (`overlong: penalize`).
 - `groups_of`, `broken_groups`, `informative_groups`: GRPO groups by id; a group with an infra or
   verifier error says nothing about the policy and is dropped whole; a group whose trained
   rewards are all equal has no advantage to train on.
@@ -55,10 +56,17 @@ def sampler_score(traj: Trajectory, shaped: float, partial_credit: float) -> flo
     return min(1.0, max(0.0, shaped))
 
 
-def trained_reward(traj: Trajectory, shaped: float, overlong: str, budget: int | None, buffer: int) -> float:
-    """`shaped` less DAPO's soft overlong penalty under `overlong == "penalize"`: a truncated
-    episode loses 1; one that used the last `buffer` tokens of the generation `budget` loses up to
-    1, linearly."""
+def trained_reward(traj: Trajectory, shaped: float, overlong: str, budget: int | None, buffer: int, call_cost: float = 0.0) -> float:
+    """`shaped` less `call_cost` per tool call the episode made, then DAPO's soft overlong penalty
+    under `overlong == "penalize"`: a truncated episode loses 1; one that used the last `buffer`
+    tokens of the generation `budget` loses up to 1, linearly.
+
+    The call cost is a price like a side effect's: it takes an earned reward down to 0 and no
+    further, so of two episodes that left the same right state the one with fewer calls trains
+    higher (walking the whole tool list can leave the right stock too), and a failure is never
+    pushed below doing nothing, which would teach the policy to stop calling tools at all."""
+    if call_cost > 0 and shaped > 0:
+        shaped = max(0.0, shaped - call_cost * traj.tool_calls)
     if overlong != "penalize":
         return shaped
     if traj.outcome == Outcome.TRUNCATED:
