@@ -9,10 +9,9 @@ tool other than the reads `list_items` and `history`) went to each tool. A polic
 sentences apart calls `add_stock` after `receive` and `remove_stock` after `ship`; one that does
 not calls the same tool in every kind, whichever one the reward last favoured. Each row also gives
 the mean tool calls of its passes: a pass that walked the whole tool list makes five or more, one
-that read and wrote makes two or three. With `--by-wording`,
-each kind's row is split by the sentence's wording (numbers read `N`, item names `X`), read from the
-instruction itself so it works for any suite version. Writes `--out` (default
-`runs/bench/rollout_writes.json`).
+that read and wrote makes two or three. With `--by-wording`, each kind's row is split by the
+sentence's wording (numbers read `N`, item names `X`), read from the instruction itself so it works
+for any suite version. Writes `--out` (default `runs/bench/rollout_writes.json`).
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ import re
 import sys
 from pathlib import Path
 
-from toolgym.envs.families.mcp_inventory import ITEMS
+from toolgym.envs.families.mcp_inventory import ITEMS, SERVER
 from toolgym.harness.trajectory import read_jsonl
 
-READS = ("list_items", "history")
+READS = tuple(SERVER["state_tools"])  # the server's read-only tools: list_items, history
 CALL_NAME = re.compile(r'"name":\s*"(\w+)"')
 INSTRUCTION = re.compile(r"<\|im_start\|>user\n(.*?) Change the stock with", re.S)
 ITEM_NAMES = "|".join(name for names in ITEMS.values() for name in names)
