@@ -2,10 +2,12 @@
 finished runs, on a suite the campaign neither trained nor evaluated on, with the run's own budget.
 
     python bench/later_heldout.py runs/demo-seed0 runs/demo-seed2 [--suite bfcl-live] [--tasks 200]
+    python bench/later_heldout.py runs/demo --suite mcp-inventory --skip 60 --tasks 60
 
 For each run: `RUN/sft-model` and `RUN/final-model` (a campaign with an SFT stage exports both)
 are evaluated on the first `--tasks` held-out tasks of `--suite` (default `bfcl-live`: BFCL's live
-categories, all held out, never trained on) with the run's greedy evaluation budget read from
+categories, all held out, never trained on; `--skip N` starts after the first N, e.g. the 60
+mcp-inventory held-out tasks the main job evaluates at every stage) with the run's greedy evaluation budget read from
 `RUN/config.yaml` (tokens per turn, per episode, turns, temperature) and the precision its
 `hardware.json` records. Tasks whose first prompt leaves less than one turn's answer budget
 within the episode's token budget are skipped (counted): under the run's budget no model could
@@ -50,8 +52,8 @@ def run_budget(run: Path) -> dict[str, Any]:
     }
 
 
-def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int) -> tuple[Any, int]:
-    """The first `count` held-out tasks of `suite` whose first prompt (rendered as the run renders
+def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int, skip: int = 0) -> tuple[Any, int]:
+    """The first `count` held-out tasks of `suite` after its first `skip` whose first prompt (rendered as the run renders
     it, with `model`'s tokenizer and chat template) leaves a whole turn's answer budget; and how
     many were skipped before them."""
     from transformers import AutoTokenizer
@@ -62,7 +64,7 @@ def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int) -> t
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     room = budget["max_total_tokens"] - budget["max_new_tokens"]
     kept, skipped, envs = [], 0, {}
-    for task in suite.split("held-out").tasks:
+    for task in suite.split("held-out").tasks[skip:]:
         env = envs.setdefault(task.env_id, toolgym.make(task.env_id).unwrapped)
         if len(first_prompt_ids(tokenizer, env, task)) <= room:
             kept.append(task)
@@ -75,8 +77,9 @@ def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int) -> t
     return TaskSuite(suite.name, kept, suite.version), skipped
 
 
-def evaluate_run(run: Path, suite_name: str, tasks: int) -> dict[str, Any]:
-    """SFT and final model of `run` on `suite_name`'s first `tasks` held-out tasks; the paired gain."""
+def evaluate_run(run: Path, suite_name: str, tasks: int, skip: int = 0) -> dict[str, Any]:
+    """SFT and final model of `run` on `suite_name`'s first `tasks` held-out tasks after its first
+    `skip`; the paired gain."""
     from toolgym.cli.app import load_suite
     from toolgym.harness.eval_run import run_eval
     from toolgym.harness.evaluate import paired_difference
@@ -85,12 +88,19 @@ def evaluate_run(run: Path, suite_name: str, tasks: int) -> dict[str, Any]:
     from toolgym.inference.policy import SamplingParams
 
     budget = run_budget(run)
-    suite, skipped = answerable(load_suite(suite_name), run / "final-model", budget, tasks)
+    suite, skipped = answerable(load_suite(suite_name), run / "final-model", budget, tasks, skip)
     limits = RolloutLimits(
         max_turns=budget["max_turns"], max_new_tokens_per_turn=budget["max_new_tokens"], max_total_tokens=budget["max_total_tokens"]
     )
     sampling = SamplingParams(max_new_tokens=budget["max_new_tokens"], temperature=budget["temperature"])
-    out: dict[str, Any] = {"run": str(run), "suite": suite_name, "budget": budget, "tasks": len(suite), "skipped_too_long": skipped}
+    out: dict[str, Any] = {
+        "run": str(run),
+        "suite": suite_name,
+        "budget": budget,
+        "after": skip,
+        "tasks": len(suite),
+        "skipped_too_long": skipped,
+    }
     trajectories = {}
     for stage in STAGES:
         model = run / f"{stage}-model"
@@ -139,11 +149,12 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="finished campaign directories")
     parser.add_argument("--suite", default="bfcl-live", help="a suite the runs neither trained nor evaluated on")
     parser.add_argument("--tasks", type=int, default=200, help="its first N held-out tasks")
+    parser.add_argument("--skip", type=int, default=0, help="start after the first N held-out tasks (those the run evaluated)")
     parser.add_argument("--out", default="runs/bench/later_heldout.json")
     args = parser.parse_args()
     import toolgym  # noqa: F401 (registers the suites)
 
-    results = [evaluate_run(run, args.suite, args.tasks) for run in args.runs]
+    results = [evaluate_run(run, args.suite, args.tasks, args.skip) for run in args.runs]
     print()
     for r in results:
         g = r["final_minus_sft"]

@@ -16,6 +16,29 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
 #: tokens with the demo's template) and a turn's answer; the turns are BFCL's (20 steps per request).
 MULTI_TURN_SUITE = "{{env: bfcl-multi-v0, suite: bfcl-multi, tasks: {tasks}, max_total_tokens: 4096}}"
 
+#: `toolgym demo --sandboxed` (issue 57): the main job with a multi-turn, sandboxed family beside
+#: BFCL. mcp-inventory (tools from an MCP server in a bwrap sandbox, a hidden state checker, a priced
+#: network side effect) is never demonstrated and never screened by its references: what the model
+#: learns of it is the reward's. SFT adds 192 `records` demonstrations for the multi-turn form (call,
+#: read the observation, call again; weight 0: never drawn for RL), one epoch of 768 in 96 steps;
+#: GRPO draws from BFCL and mcp-inventory alike. The RL settings are the mcp-inventory studies'
+#: (examples/mcp_reward_rl.yaml): groups of 8, two turns, partial credit 0.5 (neutral on BFCL),
+#: episodes out of turns graded on what they left, lr 5e-5 (on BFCL alone +7.0 against 2e-5's +8.3).
+#: Not the default: on 2026-12-07 it taught mcp-inventory nothing held-out and took 57 min against
+#: 32 (docs/results/2026-12-07-main-job-sandboxed.md).
+SANDBOXED = [
+    "envs=[{env: bfcl-v0, suite: bfcl, weight: 1, eval_tasks: 0},"
+    " {env: records-v0, suite: records, weight: 0, demos: 192, eval_tasks: 8},"
+    " {env: mcp-inventory-v0, suite: mcp-inventory, weight: 1, eval_tasks: 60, demonstrations: false}]",
+    "sft.steps=96",
+    "rl.group_size=8",
+    "rl.partial_credit=0.5",
+    "rl.overlong=keep",
+    "rl.learner.lr=5.0e-5",
+    "rollout.max_turns=2",
+    "eval.max_turns=2",
+]
+
 
 def _load(config: Path, out: Path | None, overrides: list[str]):
     from toolgym.trainers.config import ConfigError, load_config
@@ -124,6 +147,12 @@ def demo(
         "first N held-out BFCL multi-turn entries (never trained on); on a 2-core "
         "CPU about 20 s per entry and stage, hence off by default",
     ),
+    sandboxed: bool = typer.Option(
+        False,
+        "--sandboxed",
+        help="also train and evaluate mcp-inventory, a multi-turn family in a bwrap sandbox that no "
+        "demonstration shows (RL on a mixed pool; about 1.8x the time)",
+    ),
     set_: list[str] = typer.Option([], "--set", help="override a field of the demo config"),
 ) -> None:
     """The main job on the embedded defaults (examples/demo.yaml): load SmolLM2-135M-Instruct from
@@ -131,10 +160,14 @@ def demo(
     bfcl-eval's own checker), SFT it on BFCL train demonstrations, evaluate (SFT), train it with
     GRPO and the learnability sampler (every update anchored by SFT demonstrations), evaluate the
     same held-out entries again (final) and write report.md with the paired differences.
-    Precision follows the CPU: bf16 only where it is native. With `--multi-turn N`, BFCL's
+    Precision follows the CPU: bf16 only where it is native. With `--sandboxed`, mcp-inventory (a
+    multi-turn family in a bwrap sandbox, never demonstrated) is evaluated at every stage, with its
+    side effects, and drawn for RL beside BFCL (`SANDBOXED`). With `--multi-turn N`, BFCL's
     multi-turn held-out entries are evaluated at each stage too (`eval.suites`)."""
     if not DEMO_CONFIG.exists():
         raise CLIError(f"the demo config is missing ({DEMO_CONFIG}); reinstall toolgym")
+    if sandboxed:
+        set_ = [*SANDBOXED, *set_]
     if multi_turn:
         set_ = [*set_, f"eval.suites=[{MULTI_TURN_SUITE.format(tasks=multi_turn)}]"]
     config = _load(DEMO_CONFIG, out, set_)

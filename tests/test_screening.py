@@ -113,6 +113,39 @@ def test_skipped_families_are_never_demonstrated(tiny_policy):
     assert checks["bfcl"] == {"oracle_pass_rate": 1.0, "infra_errors": 0, "episodes": 12}
 
 
+def test_each_suite_gives_its_own_count_of_demonstrations(tiny_policy):
+    """An envs entry's `demos`: each suite gives the first N of its own train tasks (a few
+    multi-turn demonstrations beside many single-turn ones), and a suite with no count none."""
+    from rich.console import Console
+
+    from toolgym.trainers.sft import oracle_demonstrations
+
+    bfcl = {t.id: t for t in builtin_suite("bfcl").tasks if t.split == "train"}
+    records = {t.id: t for t in builtin_suite("records").tasks if t.split == "train"}
+    demos, checks = oracle_demonstrations(
+        {"bfcl": bfcl, "records": records},
+        {"bfcl": 6, "records": 2},
+        tiny_policy.tokenizer,
+        lambda env_id: toolgym.make(env_id).unwrapped,
+        4,
+        False,
+        Console(quiet=True),
+    )
+    expected = list(bfcl)[:6] + list(records)[:2]
+    assert sorted(d.task_id for d in demos) == sorted(expected)
+    assert (checks["bfcl"]["episodes"], checks["records"]["episodes"]) == (6, 2)
+    demos, _ = oracle_demonstrations(
+        {"bfcl": bfcl, "records": records},
+        {"bfcl": 3},
+        tiny_policy.tokenizer,
+        lambda env_id: toolgym.make(env_id).unwrapped,
+        4,
+        False,
+        Console(quiet=True),
+    )
+    assert sorted(d.task_id for d in demos) == sorted(list(bfcl)[:3])
+
+
 def test_a_limited_family_gives_at_most_its_limit_and_the_others_fill_the_rest(tiny_policy):
     """`sft.family_limits`: a family gives at most its limit of demonstrations (its first tasks in
     the suite's order), and the other families fill the suite's count, so SFT shows a little of

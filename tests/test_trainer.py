@@ -187,6 +187,23 @@ def test_demo_multi_turn_adds_bfcl_multi_as_an_evaluation_only_suite(tmp_path):
     assert {"base", "sft", "final"} <= set(extra.stages) and [m.suite for m in config.envs] == ["bfcl"]
 
 
+def test_demo_sandboxed_adds_mcp_inventory_undemonstrated_and_records_for_the_form(tmp_path):
+    """`toolgym demo --sandboxed`'s overrides: mcp-inventory drawn for RL beside BFCL, never
+    demonstrated, all of its first 60 held-out tasks evaluated; 192 `records` demonstrations
+    beside BFCL's 576, one epoch; two turns; a later --set still applies on top."""
+    from toolgym.cli.train import DEMO_CONFIG, SANDBOXED, _load
+
+    config = _load(DEMO_CONFIG, tmp_path, [*SANDBOXED, "envs.2.call_cost=0.05"])
+    bfcl, records, inventory = config.envs
+    assert (bfcl.suite, bfcl.weight, bfcl.demonstrations, bfcl.demos) == ("bfcl", 1, True, None)
+    assert (records.suite, records.weight, records.demos) == ("records", 0, 192)
+    assert (inventory.suite, inventory.weight, inventory.demonstrations, inventory.eval_tasks) == ("mcp-inventory", 1, False, 60)
+    assert inventory.call_cost == 0.05
+    assert config.sft.steps * config.sft.batch_size == config.sft.demos_per_suite + records.demos
+    assert (config.rollout.max_turns, config.eval.max_turns) == (2, 2)
+    assert _load(DEMO_CONFIG, tmp_path, []).rollout.max_turns == 1  # the default job is unchanged
+
+
 def test_an_evaluation_only_suite_is_evaluated_under_its_own_budget_and_never_trained(tmp_path):
     """`eval.suites`: BFCL beside a records campaign, at the final evaluation only, with its own
     turns and tokens: none of its tasks is a demonstration or drawn, its report records its own

@@ -292,15 +292,16 @@ class Campaign(RolloutSide, EvalAndCheckpoints):
         release_memory()
 
     def demonstrations(self) -> list[Trajectory]:
-        """The oracle demonstrations of the first `sft.demos_per_suite` train tasks of every suite
-        with `demonstrations` on,
+        """The oracle demonstrations of the first `sft.demos_per_suite` (or the entry's own `demos`)
+        train tasks of every suite with `demonstrations` on,
         played and checked once (logged as the `oracle` row), then kept. A resumed run replays
         them (the anchor needs them) but its log already has the row: it is not logged twice."""
         if self.demos is None:
-            shown = {mix.suite: self.train_tasks[mix.suite] for mix in self.config.envs if mix.demonstrations}
+            shown_mixes = [mix for mix in self.config.envs if mix.demonstrations]
+            shown = {mix.suite: self.train_tasks[mix.suite] for mix in shown_mixes}
             self.demos, checks = oracle_demonstrations(
                 shown,
-                self.config.sft.demos_per_suite,
+                {mix.suite: mix.demos or self.config.sft.demos_per_suite for mix in shown_mixes},
                 self.tokenizer,
                 self.make_env,
                 self.config.rollout.concurrency,

@@ -78,6 +78,12 @@ class EnvMix(_Strict):
         description="train on tasks of these families only (empty = all), e.g. [mcp-inventory/ship]; evaluations keep every held-out task",
     )
     eval_tasks: int = Field(default=0, ge=0, description="evaluate on the first N held-out tasks (0 = all)")
+    demos: int | None = Field(
+        default=None,
+        ge=1,
+        description="SFT (and rl.sft_anchor) demonstrations from this suite's first N train tasks (None = "
+        "sft.demos_per_suite), e.g. a few multi-turn demonstrations beside many single-turn ones",
+    )
     demonstrations: bool = Field(
         default=True,
         description="SFT (and rl.sft_anchor) show this suite's oracle solutions; false: the suite is learned from its "

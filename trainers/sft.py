@@ -19,7 +19,7 @@ from toolgym.verifiers import Outcome
 
 def oracle_demonstrations(
     train_tasks: dict[str, dict[str, Task]],
-    per_suite: int,
+    per_suite: int | dict[str, int],
     tokenizer: Any,
     make_env: Callable[..., Any],
     concurrency: int,
@@ -28,25 +28,27 @@ def oracle_demonstrations(
     skip_families: tuple[str, ...] = (),
     family_limits: dict[str, int] | None = None,
 ) -> tuple[list[Trajectory], dict[str, Any]]:
-    """The oracle played on the first `per_suite` train tasks of every suite (leaving out the
+    """The oracle played on the first `per_suite` train tasks of every suite (a dict: per suite by
+    name, the rest of the suites none; leaving out the
     families in `skip_families`, and taking at most `family_limits[f]` tasks of family f: the
     rest are filled from the other families), rendered as the policy's tokens: (the passing
     demonstrations, per-suite oracle pass rate and infra errors). Raises when none passes: the
     environments, not the model, are broken then."""
     limits = {**(family_limits or {}), **{family: 0 for family in skip_families}}
 
-    def demonstrated(suite: dict[str, Task]) -> list[Task]:
+    def demonstrated(name: str, suite: dict[str, Task]) -> list[Task]:
+        wanted = per_suite.get(name, 0) if isinstance(per_suite, dict) else per_suite
         taken: list[Task] = []
         per_family: dict[str, int] = {}
         for task in suite.values():
-            if len(taken) == per_suite:
+            if len(taken) == wanted:
                 break
-            if per_family.get(task.family, 0) < limits.get(task.family, per_suite):
+            if per_family.get(task.family, 0) < limits.get(task.family, wanted):
                 per_family[task.family] = per_family.get(task.family, 0) + 1
                 taken.append(task)
         return taken
 
-    tasks = [t for suite in train_tasks.values() for t in demonstrated(suite)]
+    tasks = [t for name, suite in train_tasks.items() for t in demonstrated(name, suite)]
     console.print(f"SFT: collecting {len(tasks)} oracle demonstrations")
     played = collect_demonstrations(tasks, tokenizer, make_env, progress=progress, concurrency=concurrency)
     checks: dict[str, Any] = {}
