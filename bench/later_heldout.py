@@ -2,13 +2,13 @@
 finished runs, on a suite the campaign neither trained nor evaluated on, with the run's own budget.
 
     python bench/later_heldout.py runs/demo-seed0 runs/demo-seed2 [--suite bfcl-live] [--tasks 200]
-    python bench/later_heldout.py runs/demo --suite mcp-inventory --skip 60 --tasks 60
+    python bench/later_heldout.py runs/demo-sandboxed --suite mcp-inventory --skip 60 --tasks 60
 
 For each run: `RUN/sft-model` and `RUN/final-model` (a campaign with an SFT stage exports both)
 are evaluated on the first `--tasks` held-out tasks of `--suite` (default `bfcl-live`: BFCL's live
 categories, all held out, never trained on; `--skip N` starts after the first N, e.g. the 60
-mcp-inventory held-out tasks the main job evaluates at every stage) with the run's greedy evaluation budget read from
-`RUN/config.yaml` (tokens per turn, per episode, turns, temperature) and the precision its
+mcp-inventory held-out tasks `toolgym demo --sandboxed` evaluates at every stage) with the run's
+greedy evaluation budget read from `RUN/config.yaml` (tokens per turn, per episode, turns, temperature) and the precision its
 `hardware.json` records. Tasks whose first prompt leaves less than one turn's answer budget
 within the episode's token budget are skipped (counted): under the run's budget no model could
 answer them, and they would only dilute the comparison. Prints each run's paired final - SFT
@@ -53,9 +53,9 @@ def run_budget(run: Path) -> dict[str, Any]:
 
 
 def answerable(suite: Any, model: Path, budget: dict[str, Any], count: int, skip: int = 0) -> tuple[Any, int]:
-    """The first `count` held-out tasks of `suite` after its first `skip` whose first prompt (rendered as the run renders
-    it, with `model`'s tokenizer and chat template) leaves a whole turn's answer budget; and how
-    many were skipped before them."""
+    """The first `count` held-out tasks of `suite` after its first `skip` whose first prompt
+    (rendered as the run renders it, with `model`'s tokenizer and chat template) leaves a whole
+    turn's answer budget; and how many were skipped before them."""
     from transformers import AutoTokenizer
 
     import toolgym

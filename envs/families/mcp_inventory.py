@@ -192,8 +192,8 @@ register_suite(
         name=SUITE,
         generator=generate_mcp_inventory_task,
         train_size=240,
-        # the main job evaluates the first 60 held-out tasks at every stage; 60-119 are a later
-        # slice no stage evaluates (`bench/later_heldout.py --suite mcp-inventory --skip 60`)
+        # `toolgym demo --sandboxed` evaluates the first 60 held-out tasks at every stage; 60-119
+        # are a later slice no stage evaluates (`bench/later_heldout.py --suite mcp-inventory --skip 60`)
         heldout_size=120,
         # 2: train tasks draw from four wordings per kind (1 had one); held-out tasks are unchanged
         # 3: the stock checker reports each failed check's progress toward its target (`credit`)
