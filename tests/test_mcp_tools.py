@@ -12,6 +12,8 @@ import pytest
 
 import toolgym
 from toolgym.envs.tools import InfraError
+from toolgym.harness import FixedAgent, OracleAgent, RolloutRunner
+from toolgym.harness.rollout import RolloutLimits
 from toolgym.tasks import ToolCall, builtin_suite
 
 
@@ -118,6 +120,21 @@ def test_an_episode_cut_by_the_turn_limit_still_records_the_servers_side_effects
         assert env.server is None  # stopped: nothing of the episode runs on
     finally:
         env.close()
+
+
+def test_an_episode_out_of_turns_is_graded_by_the_stock_it_left():
+    """The hidden checker grades the stock, `submit` or not: the write alone, cut by the turn limit
+    before `submit`, passes; the same limit with the wrong write fails."""
+    task = next(t for t in builtin_suite("mcp-inventory").split("train").tasks if t.metadata["kinds"] == ["ship"])
+    write = task.oracle[0]
+    wrong = ToolCall(name="add_stock", arguments=write.arguments).to_text()
+    outcomes = []
+    for agent in (OracleAgent(), FixedAgent(wrong)):
+        runner = RolloutRunner(lambda: toolgym.make("mcp-inventory-v0").unwrapped, agent, progress=False, limits=RolloutLimits(max_turns=1))
+        (traj,) = runner.run([task])
+        assert traj.limit_hit == "turns"  # both were cut before `submit`
+        outcomes.append(traj.outcome)
+    assert outcomes == ["passed", "truncated"], outcomes
 
 
 def test_a_server_that_cannot_start_is_an_infra_error_that_says_why():

@@ -6,7 +6,6 @@ from toolgym.envs.families import (  # noqa: F401
     code_repair,
     harbor,
     mcp_inventory,
-    mcp_orders,
     reasoning_gym,
     records,
     shell_ops,  # (importing registers their envs and suites)
