@@ -131,7 +131,10 @@ def test_an_episode_out_of_turns_is_graded_by_the_stock_it_left():
     outcomes = []
     for agent in (OracleAgent(), FixedAgent(wrong)):
         runner = RolloutRunner(lambda: toolgym.make("mcp-inventory-v0").unwrapped, agent, progress=False, limits=RolloutLimits(max_turns=1))
-        (traj,) = runner.run([task])
+        try:
+            (traj,) = runner.run([task])
+        finally:
+            runner.close()  # its pooled environments hold sandboxes
         assert traj.limit_hit == "turns"  # both were cut before `submit`
         outcomes.append(traj.outcome)
     assert outcomes == ["passed", "truncated"], outcomes
