@@ -17,12 +17,21 @@ import json
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from toolgym.tasks.bfcl import call_string, checkers, data_dir, mixed_order, multi_turn_verdict, split_of
 from toolgym.tasks.suite import TaskSuite
 from toolgym.tasks.task import HiddenSpec, Task, ToolCall
 
 SUITE = "bfcl-multi"
 VERSION = "5"
+#: The same entries with each one's documents cut to what its ground truth calls and a few others
+#: (`lean_task`), so that a demonstration fits a CPU training budget (see `load_bfcl_multi_lean`).
+LEAN_SUITE = "bfcl-multi-lean"
+LEAN_VERSION = "1"
+#: Documents of the entry's own classes that its ground truth never calls, kept beside those it
+#: does: the request, not the list, has to pick the function.
+LEAN_DISTRACTORS = 3
 ENV_ID = "toolgym/bfcl-multi-v0"
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param")
 SKIPPED: dict[str, int] = {}
@@ -145,15 +154,48 @@ def load_bfcl_multi() -> TaskSuite:
     return TaskSuite(SUITE, mixed_order([t for category in CATEGORIES for t in category_tasks(category)]), VERSION)
 
 
+def lean_task(task: Task) -> Task:
+    """`task` with the documents it offers cut to the functions its ground truth calls and
+    `LEAN_DISTRACTORS` others of the same classes (drawn per entry, in the entry's own order).
+
+    A full entry offers every method of its classes: 1,643-3,787 tokens per demonstration with the
+    demo's template (median 3,105, 40 train entries), none within the main job's 1,024. Cut, the
+    median is 1,255 and the first answer starts at token 504 (median), so a truncated
+    demonstration still shows its first requests, calls and observations. The checker replays calls
+    on the API classes and never reads the documents; functions an entry withholds
+    (`multi_turn_miss_func`) still arrive at their turn."""
+    entry = copy.deepcopy(task.hidden.scorer_args["entry"])
+    called = {c.name for c in task.oracle}
+    others = [d["name"] for d in entry["function"] if d["name"] not in called]
+    rng = np.random.default_rng(list(entry["id"].encode()))
+    kept = set(rng.permutation(others)[:LEAN_DISTRACTORS].tolist()) if others else set()
+    entry["function"] = [d for d in entry["function"] if d["name"] in called or d["name"] in kept]
+    hidden = task.hidden.model_copy(update={"scorer_args": {**task.hidden.scorer_args, "entry": entry}})
+    return task.model_copy(update={"hidden": hidden})
+
+
+@lru_cache(maxsize=1)
+def load_bfcl_multi_lean() -> TaskSuite:
+    """`load_bfcl_multi` with every entry's documents cut by `lean_task`: multi-turn demonstrations
+    (call, observation, next call, answer) within a CPU budget. The same entries, splits and
+    ground truth; not BFCL's benchmark (its scores are not comparable with BFCL's)."""
+    return TaskSuite(LEAN_SUITE, [lean_task(t) for t in load_bfcl_multi().tasks], LEAN_VERSION)
+
+
 __all__ = [
     "CATEGORIES",
     "ENV_ID",
+    "LEAN_DISTRACTORS",
+    "LEAN_SUITE",
+    "LEAN_VERSION",
     "SKIPPED",
     "SUITE",
     "VERSION",
     "category_tasks",
     "instances",
+    "lean_task",
     "load_bfcl_multi",
+    "load_bfcl_multi_lean",
     "methods",
     "parse_ground_truth",
 ]

@@ -277,6 +277,28 @@ def test_multi_turn_calls_run_methods_and_the_next_request_arrives_as_a_user_mes
     assert info["tool_results"][0]["error"] and "not defined" in info["tool_results"][0]["content"]
 
 
+def test_lean_entries_offer_what_their_truth_calls_and_a_few_others_and_still_pass(multi):
+    """bfcl-multi-lean: each entry offers the functions its ground truth calls plus at most
+    LEAN_DISTRACTORS others of its own, the same draw every load; the cut leaves the verdict alone
+    (the oracle still passes, doing nothing still fails), and the full suite is untouched."""
+    from toolgym.tasks.bfcl_multi import LEAN_DISTRACTORS, lean_task
+
+    lean = builtin_suite("bfcl-multi-lean")
+    assert [t.id for t in lean.tasks] == [t.id for t in multi.tasks]
+    for full, cut in list(zip(multi.tasks, lean.tasks))[:40]:
+        offered = [d["name"] for d in full.hidden.scorer_args["entry"]["function"]]
+        kept = [d["name"] for d in cut.hidden.scorer_args["entry"]["function"]]
+        called = {c.name for c in full.oracle} & set(offered)
+        assert called <= set(kept) and kept == [n for n in offered if n in kept]  # a subset, in the entry's order
+        assert len(set(kept) - called) == min(LEAN_DISTRACTORS, len(set(offered) - called))
+        assert kept == [d["name"] for d in lean_task(full).hidden.scorer_args["entry"]["function"]]
+    assert any(len(d["hidden"]["scorer_args"]["entry"]["function"]) > 8 for d in [t.model_dump() for t in multi.tasks[:40]])
+    for category in ("multi_turn_base", "multi_turn_miss_func"):
+        task = next(t for t in lean.tasks if t.family == category)
+        variants = dict((label, steps) for label, steps, _ in _multi_variants(task))
+        assert _play(task, variants["oracle"]) and not _play(task, variants["nothing"])
+
+
 @pytest.mark.parametrize("env_id", ["bfcl-v0", "bfcl-multi-v0"])
 def test_toolgym_check_passes_on_both_bfcl_suites(env_id):
     from conftest import run_cli

@@ -22,7 +22,7 @@ from toolgym.envs.parsing import ERROR_CLASSES, coerce_action
 from toolgym.envs.registry import register_env
 from toolgym.tasks import Task, ToolCall
 from toolgym.tasks.bfcl import call_string
-from toolgym.tasks.bfcl_multi import SUITE, VERSION, instances, load_bfcl_multi, methods
+from toolgym.tasks.bfcl_multi import LEAN_SUITE, LEAN_VERSION, SUITE, VERSION, instances, load_bfcl_multi, load_bfcl_multi_lean, methods
 
 #: BFCL's limit of model steps within one user turn (`MAXIMUM_STEP_LIMIT`).
 STEP_LIMIT = 20
@@ -45,6 +45,13 @@ register_loaded_suite(
     VERSION,
     load_bfcl_multi,
     "BFCL multi-turn (base, miss_func, miss_param) on BFCL's stateful API classes, graded by BFCL's multi-turn checker",
+)
+register_loaded_suite(
+    LEAN_SUITE,
+    LEAN_VERSION,
+    load_bfcl_multi_lean,
+    "bfcl-multi with each entry's documents cut to the functions its ground truth calls and 3 others: "
+    "multi-turn demonstrations within a CPU budget (not comparable with BFCL's scores)",
 )
 
 
