@@ -158,11 +158,10 @@ def lean_task(task: Task) -> Task:
     """`task` with the documents it offers cut to the functions its ground truth calls and
     `LEAN_DISTRACTORS` others of the same classes (drawn per entry, in the entry's own order).
 
-    A full entry offers every method of its classes: 1,643-3,787 tokens per demonstration with the
-    demo's template (median 3,105, 40 train entries), none within the main job's 1,024. Cut, the
-    median is 1,255 and the first answer starts at token 504 (median), so a truncated
-    demonstration still shows its first requests, calls and observations. The checker replays calls
-    on the API classes and never reads the documents; functions an entry withholds
+    A full entry offers every method of its classes, so its demonstration does not fit a CPU job's
+    token budget and a truncated one would train on the documents' tail
+    (docs/results/2026-12-07-mcp-bfcl-multi-demos.md measures both). The checker replays calls on
+    the API classes and never reads the documents; functions an entry withholds
     (`multi_turn_miss_func`) still arrive at their turn."""
     entry = copy.deepcopy(task.hidden.scorer_args["entry"])
     called = {c.name for c in task.oracle}
