@@ -292,7 +292,7 @@ def test_lean_entries_offer_what_their_truth_calls_and_a_few_others_and_still_pa
         assert called <= set(kept) and kept == [n for n in offered if n in kept]  # a subset, in the entry's order
         assert len(set(kept) - called) == min(LEAN_DISTRACTORS, len(set(offered) - called))
         assert kept == [d["name"] for d in lean_task(full).hidden.scorer_args["entry"]["function"]]
-    assert any(len(d["hidden"]["scorer_args"]["entry"]["function"]) > 8 for d in [t.model_dump() for t in multi.tasks[:40]])
+    assert any(len(t.hidden.scorer_args["entry"]["function"]) > 8 for t in multi.tasks[:40])
     for category in ("multi_turn_base", "multi_turn_miss_func"):
         task = next(t for t in lean.tasks if t.family == category)
         variants = dict((label, steps) for label, steps, _ in _multi_variants(task))

@@ -22,7 +22,17 @@ from toolgym.envs.parsing import ERROR_CLASSES, coerce_action
 from toolgym.envs.registry import register_env
 from toolgym.tasks import Task, ToolCall
 from toolgym.tasks.bfcl import call_string
-from toolgym.tasks.bfcl_multi import LEAN_SUITE, LEAN_VERSION, SUITE, VERSION, instances, load_bfcl_multi, load_bfcl_multi_lean, methods
+from toolgym.tasks.bfcl_multi import (
+    LEAN_DISTRACTORS,
+    LEAN_SUITE,
+    LEAN_VERSION,
+    SUITE,
+    VERSION,
+    instances,
+    load_bfcl_multi,
+    load_bfcl_multi_lean,
+    methods,
+)
 
 #: BFCL's limit of model steps within one user turn (`MAXIMUM_STEP_LIMIT`).
 STEP_LIMIT = 20
@@ -50,7 +60,7 @@ register_loaded_suite(
     LEAN_SUITE,
     LEAN_VERSION,
     load_bfcl_multi_lean,
-    "bfcl-multi with each entry's documents cut to the functions its ground truth calls and 3 others: "
+    f"bfcl-multi with each entry's documents cut to the functions its ground truth calls and {LEAN_DISTRACTORS} others: "
     "multi-turn demonstrations within a CPU budget (not comparable with BFCL's scores)",
 )
 
